@@ -1,0 +1,177 @@
+"""The ``tether`` command line: ``tether train`` and ``tether list``.
+
+User mistakes print one line (``tether: error: ...``) and exit with code 2, without a traceback;
+a failed worker prints which rank failed and why and exits with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+from tether.errors import TetherError, WorkerFailure
+
+# (flag, config key, type, help). Every option defaults to "not given" so that only explicit
+# options override the config file (and, with --resume, the resumed run's config).
+TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
+    ("--method", "method", str, "training method (see `tether list`)"),
+    ("--workers", "workers", int, "number of computing worker processes"),
+    ("--model", "model", str, "model name (see `tether list`)"),
+    ("--dataset", "dataset", str, "data set name (see `tether list`)"),
+    ("--data-dir", "data_dir", str, "directory holding the data set's files"),
+    ("--epochs", "epochs", int, "epochs to train (ignored when --steps is given)"),
+    ("--steps", "steps", int, "optimizer steps to train (overrides --epochs)"),
+    ("--batch-size", "batch_size", int, "per-worker batch size"),
+    ("--lr", "lr", float, "learning rate"),
+    ("--momentum", "momentum", float, "momentum"),
+    ("--weight-decay", "weight_decay", float, "L2 weight decay"),
+    ("--seed", "seed", int, "random seed (data order and initial weights)"),
+    ("--target-accuracy", "target_accuracy", float, "test accuracy to time (fraction, e.g. 0.88)"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (0: four times per epoch)"),
+    ("--out", "out", str, "run directory (default: runs/METHOD-TIMESTAMP)"),
+    ("--backend", "backend", str, "gloo | nccl | auto (nccl when CUDA is available)"),
+    (
+        "--bucket-mb",
+        "bucket_mb",
+        float,
+        "gradient fusion bucket size in MiB (0: one message per parameter)",
+    ),
+    ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
+    ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
+]
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    for flag, key, typ, help_text in TRAIN_OPTIONS:
+        parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
+    parser.add_argument(
+        "--stop-at-target",
+        dest="stop_at_target",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="stop as soon as --target-accuracy is reached",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="no progress bar",
+    )
+    parser.add_argument("--config", type=Path, help="TOML file with config keys")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key (TOML value syntax), repeatable",
+    )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="continue the run in DIR from its last checkpoint",
+    )
+
+
+def config_from_args(args: argparse.Namespace, default_out: str):
+    """Defaults <- resumed run's config <- --config file <- --set <- explicit options."""
+    from tether.config import (
+        TrainConfig,
+        apply_overrides,
+        load_toml,
+        parse_set_options,
+        resolve_config,
+    )
+
+    explicit = {key: getattr(args, key) for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
+    for key in ("stop_at_target", "progress"):
+        if hasattr(args, key):
+            explicit[key] = getattr(args, key)
+    overrides = {**parse_set_options(args.overrides), **explicit}
+    base = None
+    if args.resume is not None:
+        resumed = args.resume / "config.toml"
+        if not resumed.exists():
+            raise TetherError(f"cannot resume: {resumed} does not exist (not a Tether run dir?)")
+        base = apply_overrides(TrainConfig(), load_toml(resumed))
+        overrides.update(out=str(args.resume), resume=True)
+    config = resolve_config(args.config, overrides, base)
+    if config.out is None:
+        config = apply_overrides(config, {"out": default_out})
+    return config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tether.data import check_dataset
+    from tether.launch.local import launch_local
+    from tether.methods import METHODS
+    from tether.observe.summary import human_summary
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    method = getattr(args, "method", None) or "run"
+    config = config_from_args(args, f"runs/{method}-{stamp}")
+    # Fail on missing or corrupt data here, in one line, before any worker starts.
+    check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    processes = config.workers + METHODS.get(config.method).server_processes
+    print(
+        f"tether: {config.method} on {config.workers} workers ({processes} processes), "
+        f"{config.model} / {config.dataset}, run directory {config.out}",
+        file=sys.stderr,
+    )
+    launch_local(config, processes)
+    import json
+
+    summary = json.loads((Path(config.out) / "summary.json").read_text())
+    print(human_summary(summary, Path(config.out)))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    del args
+    from tether.data import DATASETS
+    from tether.methods import METHODS
+    from tether.models import MODELS
+
+    for title, registry in (("methods", METHODS), ("models", MODELS), ("datasets", DATASETS)):
+        print(f"{title}:")
+        for name in registry.names():
+            print(f"  {name:<16} {registry.describe(name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tether", description="Communication-efficient distributed training for PyTorch."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a model on local worker processes")
+    add_train_options(train)
+    train.set_defaults(func=cmd_train)
+    listing = sub.add_parser("list", help="list methods, models and data sets")
+    listing.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TetherError as exc:
+        print(f"tether: error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerFailure as exc:
+        print(f"tether: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tether: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Tensor fusion: gradients packed into one flat buffer, reduced bucket by bucket during backward.
+
+The paper's "single-layer communication" (You, Buluc, Demmel, SC17, section 5.1) puts all layers in
+one contiguous buffer so an exchange is one message instead of one per layer: under the alpha-beta
+model a message of n words costs ``a + b*n``, so L small messages pay ``a`` L times. Wait-free
+backprop (Shi and Chu's DAG model; PyTorch DDP's buckets) adds the overlap: the buffer is cut into
+buckets of a size threshold, and each bucket's all-reduce is launched as soon as every gradient it
+covers has been produced by backward, while backward continues on earlier layers.
+
+Layout: parameters are laid out in REVERSE registration order, because backward produces the last
+layer's gradient first; bucket 0 then fills first. Buckets are fixed-size slices of the flat buffer,
+so a parameter may straddle two buckets; a bucket is ready when all parameters overlapping it are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tether.comm.transport import TorchTransport
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: int  # flat offset, inclusive
+    end: int  # flat offset, exclusive
+    params: tuple[int, ...]  # indices (in layout order) of parameters overlapping [start, end)
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """Where each parameter lives in the flat buffer and how the buffer is cut into buckets."""
+
+    sizes: tuple[int, ...]  # element counts, in layout order
+    offsets: tuple[int, ...]
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.offsets[-1] + self.sizes[-1] if self.sizes else 0
+
+    @staticmethod
+    def build(sizes: Sequence[int], bucket_elems: int | None) -> BucketLayout:
+        """Cut ``sizes`` into buckets of ``bucket_elems`` elements (the last may be shorter).
+
+        ``bucket_elems=None`` gives one bucket per parameter: the unfused baseline.
+        """
+        offsets, total = [], 0
+        for size in sizes:
+            offsets.append(total)
+            total += size
+        if bucket_elems is None:
+            ranges = [(o, o + s) for o, s in zip(offsets, sizes, strict=True) if s]
+        else:
+            assert bucket_elems >= 1
+            ranges = [(a, min(a + bucket_elems, total)) for a in range(0, total, bucket_elems)]
+        buckets = []
+        for start, end in ranges:
+            overlapping = tuple(
+                i
+                for i, (o, s) in enumerate(zip(offsets, sizes, strict=True))
+                if s and o < end and o + s > start
+            )
+            buckets.append(Bucket(start, end, overlapping))
+        return BucketLayout(tuple(sizes), tuple(offsets), tuple(buckets))
+
+
+def bucket_elements(bucket_mb: float | None, element_size: int) -> int | None:
+    """Bucket capacity in elements for a threshold in MiB (None: one bucket per parameter)."""
+    if bucket_mb is None:
+        return None
+    return max(1, int(bucket_mb * 2**20) // element_size)
+
+
+class GradientBucketer:
+    """Averages gradients over the group with bucketed all-reduces overlapped with backward.
+
+    Each parameter's ``.grad`` is made a view into one flat buffer, so autograd accumulates straight
+    into it (no copy). A post-accumulate-grad hook counts down each bucket; when a bucket is full it
+    is launched asynchronously. Buckets are launched strictly in index order on every rank, because
+    collectives must be issued in the same order everywhere (the gloo/NCCL contract).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        transport: TorchTransport,
+        bucket_mb: float | None,
+    ) -> None:
+        self.params = list(reversed([p for p in params if p.requires_grad]))
+        self.transport = transport
+        dtype = self.params[0].dtype
+        elems = bucket_elements(bucket_mb, self.params[0].element_size())
+        self.layout = BucketLayout.build([p.numel() for p in self.params], elems)
+        self.flat = torch.zeros(self.layout.numel, dtype=dtype, device=self.params[0].device)
+        self._views = [
+            self.flat[o : o + p.numel()].view_as(p)
+            for o, p in zip(self.layout.offsets, self.params, strict=True)
+        ]
+        self._buckets_of_param: list[list[int]] = [[] for _ in self.params]
+        for b, bucket in enumerate(self.layout.buckets):
+            for i in bucket.params:
+                self._buckets_of_param[i].append(b)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            for i, p in enumerate(self.params)
+        ]
+        self.comm_wait_s = 0.0
+        self.start_step()
+
+    def _make_hook(self, index: int):
+        def hook(param: torch.Tensor) -> None:
+            self._on_grad_ready(index, param)
+
+        return hook
+
+    def start_step(self) -> None:
+        """Zero the flat gradient and reset the per-bucket countdowns; call before backward."""
+        self.flat.zero_()
+        for p, view in zip(self.params, self._views, strict=True):
+            p.grad = view
+        self._remaining = [len(b.params) for b in self.layout.buckets]
+        self._next_to_launch = 0
+        self._handles: list = []
+
+    def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
+        view = self._views[index]
+        if param.grad is not view:
+            # Someone replaced .grad (e.g. set_to_none); keep the flat buffer authoritative.
+            assert param.grad is not None
+            view.copy_(param.grad)
+            param.grad = view
+        for b in self._buckets_of_param[index]:
+            self._remaining[b] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        buckets = self.layout.buckets
+        while self._next_to_launch < len(buckets) and (
+            force or self._remaining[self._next_to_launch] == 0
+        ):
+            bucket = buckets[self._next_to_launch]
+            chunk = self.flat[bucket.start : bucket.end]
+            self._handles.append(self.transport.all_reduce(chunk, async_op=True))
+            self._next_to_launch += 1
+
+    def finish(self) -> float:
+        """Launch what is left (parameters unused this step), wait for every bucket, average.
+
+        Returns the seconds spent waiting: the communication that backward did not hide.
+        """
+        start = time.perf_counter()
+        self._launch_ready(force=True)
+        for handle in self._handles:
+            handle.wait()
+        self._handles.clear()
+        self.flat.div_(self.transport.world_size)
+        waited = time.perf_counter() - start
+        self.comm_wait_s += waited
+        return waited
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()

@@ -1,0 +1,99 @@
+"""The fixed message header of Tether's point-to-point protocol.
+
+Every point-to-point message (parameter-server pushes and pulls, EASGD exchanges, handshakes) is a
+header followed by a payload of raw tensor bytes. No pickle crosses the wire (DESIGN.md). The header
+is six int64 words: ``magic, kind, sender, step, length, dtype``. A receiver checks every field
+before it receives the payload, so a confused or hostile peer produces a clear error rather than a
+receive into a buffer of the wrong size (which aborts a gloo process).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from tether.errors import TetherError
+
+MAGIC = 0x54455448  # "TETH"
+HEADER_WORDS = 6
+
+# Wire codes for payload dtypes. The codes are part of the protocol: never renumber.
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.float64: 2,
+    torch.float16: 3,
+    torch.bfloat16: 4,
+    torch.int64: 5,
+    torch.int32: 6,
+    torch.uint8: 7,
+}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+class MessageKind(enum.IntEnum):
+    """What a message means. Methods agree on kinds; receivers say which kinds they accept."""
+
+    HELLO = 1  # handshake: payload describes the sender's model (count, dtype)
+    PARAMS = 2  # a flat parameter vector (weights or center variable)
+    GRADIENT = 3  # a flat gradient
+    PULL = 4  # request for the current weights; empty payload
+    STOP = 5  # the sender is done; empty payload
+    DELTA = 6  # an elastic difference x_i - c
+
+
+class ProtocolError(TetherError):
+    """A message header failed validation; the message says which field and from whom."""
+
+
+@dataclass(frozen=True)
+class MessageHeader:
+    kind: MessageKind
+    sender: int
+    step: int
+    length: int  # number of payload elements
+    dtype: torch.dtype
+
+    def encode(self) -> torch.Tensor:
+        words = [MAGIC, int(self.kind), self.sender, self.step, self.length]
+        return torch.tensor([*words, DTYPE_CODES[self.dtype]], dtype=torch.int64)
+
+    @staticmethod
+    def decode(
+        words: torch.Tensor,
+        actual_sender: int,
+        max_length: int,
+        dtype: torch.dtype,
+        kinds: frozenset[MessageKind] | None = None,
+    ) -> MessageHeader:
+        """Validate ``words`` as received from ``actual_sender``; raise ProtocolError if off.
+
+        ``max_length`` is the receive buffer's capacity in elements and ``dtype`` its element type:
+        a header that announces more, or another type, is refused before any payload is read.
+        """
+        magic, kind, sender, step, length, code = (int(w) for w in words.tolist())
+        where = f"from rank {actual_sender}"
+        if magic != MAGIC:
+            raise ProtocolError(f"message {where} has bad magic {magic:#x}: not a Tether peer")
+        if kind not in MessageKind._value2member_map_:
+            raise ProtocolError(f"message {where} has unknown kind {kind}")
+        parsed = MessageKind(kind)
+        if kinds is not None and parsed not in kinds:
+            expected = ", ".join(k.name for k in sorted(kinds))
+            raise ProtocolError(f"message {where} is {parsed.name}, expected {expected}")
+        if sender != actual_sender:
+            raise ProtocolError(f"message {where} claims to come from rank {sender}")
+        if code not in CODE_DTYPES:
+            raise ProtocolError(f"message {where} has unknown dtype code {code}")
+        if CODE_DTYPES[code] != dtype:
+            raise ProtocolError(
+                f"message {where} carries {CODE_DTYPES[code]}, this side expects {dtype}: "
+                "the peers were started with different precision settings"
+            )
+        if not 0 <= length <= max_length:
+            raise ProtocolError(
+                f"message {where} announces {length} elements, buffer holds {max_length}: "
+                "the peers were started with different models"
+            )
+        return MessageHeader(parsed, sender, step, length, CODE_DTYPES[code])

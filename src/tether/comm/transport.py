@@ -1,0 +1,115 @@
+"""The torch.distributed transport: the backend's collectives plus header-checked point-to-point.
+
+One object per process wraps one process group (gloo on CPU, NCCL on GPU). Methods and collective
+algorithms talk to this interface, never to ``torch.distributed`` directly, so a second transport
+(MPI) can stand in later with the same calls.
+
+Point-to-point messages are a header (see :mod:`tether.comm.header`) then a payload. Headers and
+payloads travel on different tags so that a receive-from-any-source for a header can never match
+another sender's payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind
+
+HEADER_TAG = 7001
+PAYLOAD_TAG = 7002
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    header: MessageHeader
+    payload: torch.Tensor  # a view of the receive buffer, ``header.length`` elements long
+
+
+@dataclass
+class PendingSend:
+    """An in-flight send. The tensors are held here so that they outlive the transfer: dropping
+    an ``isend`` buffer before completion is undefined behaviour in gloo."""
+
+    handles: list[dist.Work]
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+    def wait(self) -> None:
+        for handle in self.handles:
+            handle.wait()
+        self.handles.clear()
+        self.tensors.clear()
+
+    def is_completed(self) -> bool:
+        return all(h.is_completed() for h in self.handles)
+
+
+class TorchTransport:
+    """torch.distributed collectives and the header-checked point-to-point protocol."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.group if self.group is not None else dist.group.WORLD  # type: ignore[return-value]
+
+    # -- collectives ---------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+        """In-place all-reduce; with ``async_op`` returns a handle to ``wait()`` on."""
+        return dist.all_reduce(tensor, op=_REDUCE_OPS[op], group=self.group, async_op=async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
+        return dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    # -- point to point ------------------------------------------------------------------------
+    def isend_message(
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0
+    ) -> PendingSend:
+        """Send header then payload without blocking; keep the result and ``wait()`` on it."""
+        payload = payload.contiguous().view(-1)
+        header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
+        sends = [(header, HEADER_TAG)] + ([(payload, PAYLOAD_TAG)] if payload.numel() else [])
+        handles = []
+        for tensor, tag in sends:
+            handle = dist.isend(tensor, group=self.group, group_dst=dst, tag=tag)
+            assert handle is not None, "this rank is a member of the group"
+            handles.append(handle)
+        return PendingSend(handles, [header, payload])
+
+    def send_message(
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0
+    ) -> None:
+        self.isend_message(payload, dst, kind, step).wait()
+
+    def recv_message(
+        self,
+        buffer: torch.Tensor,
+        src: int | None = None,
+        kinds: frozenset[MessageKind] | None = None,
+    ) -> Message:
+        """Receive one message into ``buffer`` (flat, contiguous) from ``src``, or from whichever
+        rank sends first when ``src`` is None. The header is validated before the payload is
+        received; a bad header raises :class:`~tether.comm.header.ProtocolError`."""
+        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
+        words = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        # Ranks in this class are ranks within ``self.group``; torch returns a global rank.
+        global_sender = dist.recv(words, group=self.group, group_src=src, tag=HEADER_TAG)
+        sender = src if src is not None else dist.get_group_rank(self._group(), global_sender)
+        header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
+        payload = buffer[: header.length]
+        if header.length:
+            dist.recv(payload, group=self.group, group_src=sender, tag=PAYLOAD_TAG)
+        return Message(header, payload)

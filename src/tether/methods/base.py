@@ -1,0 +1,96 @@
+"""The method protocol: what a training method owns and what it leaves to the trainer.
+
+A *method* (sync SGD, the EASGD family, parameter-server SGD, ...) owns how a worker steps and
+communicates: the local update, what crosses the wire and when, and which model is the one to
+evaluate (the center variable for EASGD). The *trainer* owns everything around it: data and
+sharding, the step loop, evaluation, logging, checkpoints and timing.
+
+Ranks play roles. In data-parallel methods every rank is a WORKER. Parameter-server methods make one
+rank a SERVER that computes no gradients; the trainer calls :meth:`TrainingMethod.serve` there
+instead of running the step loop.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+
+
+class Role(enum.Enum):
+    WORKER = "worker"
+    SERVER = "server"
+
+
+@dataclass
+class StepTimes:
+    """Seconds one step spent in each phase, filled in by the method (data is the trainer's)."""
+
+    compute_s: float = 0.0
+    comm_s: float = 0.0  # communication that was NOT hidden under computation
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """Runtime objects a method is built with (never part of a config: DESIGN.md convention 1)."""
+
+    config: TrainConfig
+    transport: TorchTransport
+    device: torch.device
+
+
+class TrainingMethod(ABC):
+    """Base class of every method. Subclasses are registered in :data:`tether.methods.METHODS`."""
+
+    name: ClassVar[str]
+    # Extra processes beyond the computing workers (a parameter server takes one).
+    server_processes: ClassVar[int] = 0
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        self.model = model
+        self.context = context
+        self.config = context.config
+        self.transport = context.transport
+
+    # Roles --------------------------------------------------------------------------------------
+    def role(self) -> Role:
+        return Role.WORKER
+
+    def computing_workers(self) -> int:
+        """How many ranks compute gradients (reported as ``workers`` in summary.json)."""
+        return self.transport.world_size
+
+    def worker_index(self) -> int:
+        """This rank's index among the computing workers (used for data sharding)."""
+        return self.transport.rank
+
+    # The step -----------------------------------------------------------------------------------
+    @abstractmethod
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
+        """One local step on this worker's batch: forward, backward, communicate, update.
+        Returns the local loss."""
+
+    def serve(self) -> None:  # pragma: no cover - only server-based methods override it
+        raise NotImplementedError(f"{self.name} has no server role")
+
+    def finish(self) -> None:
+        """Called once after the last step, on every rank (final synchronisation)."""
+        return None
+
+    # What is evaluated and checkpointed ----------------------------------------------------------
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        """Method state beyond the model weights (optimizer momentum, center variable, ...)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state

@@ -1,0 +1,73 @@
+"""Per-step timing and the metrics.jsonl log.
+
+Each step's wall time is split into data loading, compute and *exposed* communication (the part not
+hidden under computation). ``comm_fraction`` in summary.json is exposed communication over total
+step time, summed over every computing worker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from tether.comm.transport import TorchTransport
+
+
+@dataclass
+class PhaseTotals:
+    """Sums over the steps this rank has run (or, after :meth:`all_reduced`, over all ranks)."""
+
+    data_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    steps: int = 0
+    samples: int = 0
+
+    def add(self, data_s: float, compute_s: float, comm_s: float, samples: int) -> None:
+        self.data_s += data_s
+        self.compute_s += compute_s
+        self.comm_s += comm_s
+        self.steps += 1
+        self.samples += samples
+
+    @property
+    def step_s(self) -> float:
+        return self.data_s + self.compute_s + self.comm_s
+
+    @property
+    def comm_fraction(self) -> float:
+        return self.comm_s / self.step_s if self.step_s > 0 else 0.0
+
+    def all_reduced(self, transport: TorchTransport) -> PhaseTotals:
+        values = [self.data_s, self.compute_s, self.comm_s, float(self.steps), float(self.samples)]
+        tensor = torch.tensor(values, dtype=torch.float64)
+        transport.all_reduce(tensor)
+        data_s, compute_s, comm_s, steps, samples = tensor.tolist()
+        return PhaseTotals(data_s, compute_s, comm_s, int(steps), int(samples))
+
+
+class MetricsLog:
+    """Append-only JSON Lines log; a no-op object on ranks that do not write."""
+
+    def __init__(self, path: Path | None, append: bool = False) -> None:
+        self._file: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a" if append else "w")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,51 @@
+"""summary.json (the run-directory contract of DESIGN.md) and the short human summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+REQUIRED_FIELDS = (
+    "method",
+    "workers",
+    "model",
+    "dataset",
+    "seed",
+    "epochs",
+    "steps",
+    "global_batch_size",
+    "final_test_accuracy",
+    "final_test_loss",
+    "wall_time_s",
+    "time_to_target_s",
+    "comm_fraction",
+    "samples_per_s",
+    "history",
+)
+HISTORY_FIELDS = ("time_s", "step", "epoch", "test_accuracy", "test_loss")
+
+
+def missing_fields(summary: dict[str, Any]) -> list[str]:
+    """Names of contract fields absent from ``summary`` (and from any history entry)."""
+    missing = [name for name in REQUIRED_FIELDS if name not in summary]
+    for entry in summary.get("history", []):
+        missing += [f"history.{name}" for name in HISTORY_FIELDS if name not in entry]
+    return sorted(set(missing))
+
+
+def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
+    target = summary.get("target_accuracy")
+    reached = summary.get("time_to_target_s")
+    lines = [
+        f"{summary['method']} on {summary['workers']} workers, {summary['model']} / "
+        f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
+        f"  test accuracy {summary['final_test_accuracy']:.2%}  test loss "
+        f"{summary['final_test_loss']:.4f}",
+        f"  wall time {summary['wall_time_s']:.1f} s  ({summary['samples_per_s']:.0f} samples/s)",
+        f"  communication share {summary['comm_fraction']:.1%} of worker time (not hidden)",
+    ]
+    if target is not None:
+        when = f"after {reached:.1f} s" if reached is not None else "not reached"
+        lines.append(f"  target accuracy {target:.2%}: {when}")
+    lines.append(f"  run directory: {run_dir}")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Worker entry for external launchers: ``torchrun ... -m tether.run [train options]``.
+
+Multi-node runs use torchrun (or SLURM ``srun`` running torchrun) for processes and rendezvous;
+every process runs this module with the same options. The worker count is the launcher's world
+size minus the method's server processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tether.cli import add_train_options, config_from_args
+from tether.config import apply_overrides
+from tether.errors import TetherError
+from tether.launch.env import DistEnv
+from tether.launch.worker import run_worker
+from tether.methods import METHODS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tether.run")
+    add_train_options(parser)
+    args = parser.parse_args(argv)
+    env = DistEnv.read()
+    try:
+        config = config_from_args(args, f"runs/torchrun-{env.run_id or 'job'}")
+        servers = METHODS.get(config.method).server_processes
+        config = apply_overrides(config, {"workers": env.world_size - servers}).validate()
+    except TetherError as exc:
+        print(f"tether: error: {exc}", file=sys.stderr)
+        return 2
+    run_worker(config.to_toml())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

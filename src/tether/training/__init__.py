@@ -1,0 +1,1 @@
+"""The training loop around a method: data, evaluation, logging, checkpoints."""

@@ -1,0 +1,36 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True`` (no arbitrary unpickling).
+
+A checkpoint holds the model weights, the method's state (optimizer momentum, and later the center
+variable), the global step and the run's history so far, so that ``--resume`` continues exactly:
+the data order depends only on (seed, step), so nothing else is needed for sync-sgd.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.errors import TetherError
+from tether.observe.files import atomic_write
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
+    path = run_dir / CHECKPOINT_NAME
+    atomic_write(path, lambda handle: torch.save(state, handle))
+    return path
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / CHECKPOINT_NAME
+    if not path.exists():
+        raise TetherError(
+            f"no checkpoint in {run_dir}: resume needs a run started with --checkpoint-every N"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which, not a pickle traceback
+        raise TetherError(f"cannot load checkpoint {path}: {exc}") from None
