@@ -55,8 +55,9 @@ class TrainConfig:
     # Collective / point-to-point timeout: a hung peer turns into an error after this long.
     timeout_s: float = 60.0
     progress: bool = True
-    # Fault injection for reliability tests: rank `fault_rank` fails at step `fault_step`.
-    fault_rank: int | None = None
+    # Fault injection for reliability tests: rank `fault_rank` fails at step `fault_step`
+    # (-1: no fault). Kinds: raise an exception, kill -9 itself, or hang forever.
+    fault_rank: int = -1
     fault_step: int = 0
     fault_kind: str = "raise"
 

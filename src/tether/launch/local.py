@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
+from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tether.config import TrainConfig
@@ -26,29 +27,49 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def describe_failures(error: ChildFailedError) -> tuple[str, list[int]]:
-    """One line per failed rank: its error message, or how it died (exit code or signal)."""
-    lines, ranks = [], []
+def _reason(failure: ProcessFailure) -> str:
+    """The first line of the worker's exception, or how the process died."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    lines = str(message).strip().splitlines()
+    if failure.exitcode is not None and failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}"
+    if lines and not lines[0].startswith("To enable traceback"):
+        return lines[0]
+    return f"exited with code {failure.exitcode}"
+
+
+def _traceback(failure: ProcessFailure) -> str:
+    data = failure.error_file_data or {}
+    info = data.get("message", {})
+    if isinstance(info, dict):
+        return str(info.get("extraInfo", {}).get("py_callstack", info.get("message", "")))
+    return str(info)
+
+
+def describe_failures(error: ChildFailedError, log: Path | None) -> tuple[str, list[int]]:
+    """One line per failed rank; full tracebacks go to ``log`` (the run's failures.log)."""
+    lines, details, ranks = [], [], []
     for rank, failure in sorted(error.failures.items()):
         ranks.append(rank)
-        message = failure.message
-        if isinstance(message, dict):
-            message = message.get("message", "")
-        text = str(message).strip().splitlines()
-        reason = text[0] if text else ""
-        if (failure.signal_name() != "<N/A>" and not reason.strip()) or "Signal" in reason:
-            reason = f"killed by {failure.signal_name()}"
-        elif not reason or reason.startswith("To enable traceback"):
-            reason = f"exited with code {failure.exitcode}"
-        lines.append(f"worker rank {rank} failed: {reason}")
-    return "; ".join(lines), ranks
+        lines.append(f"worker rank {rank} failed: {_reason(failure)}")
+        details.append(f"== worker rank {rank} ==\n{_traceback(failure) or _reason(failure)}\n")
+    message = "; ".join(lines)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("\n".join(details))
+        message += f" (traceback in {log})"
+    return message, ranks
 
 
 def launch_local(config: TrainConfig, processes: int) -> None:
     """Run the training job in ``processes`` local worker processes; raise WorkerFailure on error."""
     prepare_local_environment()
-    # The agent logs every state change at INFO/WARNING; our own progress and summary say enough.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # The agent logs every state change and each failure's traceback; we report failures in one
+    # line per rank and keep the tracebacks in the run directory instead.
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     launch = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -64,5 +85,6 @@ def launch_local(config: TrainConfig, processes: int) -> None:
     try:
         elastic_launch(launch, run_worker)(config.to_toml())
     except ChildFailedError as error:
-        message, ranks = describe_failures(error)
+        log = Path(config.out) / "failures.log" if config.out else None
+        message, ranks = describe_failures(error, log)
         raise WorkerFailure(message, ranks) from None

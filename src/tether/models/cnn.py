@@ -60,13 +60,18 @@ class SmallCNN(nn.Module):
         )
         # Without batch norm, PyTorch's default init shrinks the signal ~6x in variance per ReLU
         # layer, and seven of them leave almost no gradient; He init keeps every ReLU layer at
-        # scale. The output layer keeps PyTorch's smaller default so the initial logits stay
-        # small (initial loss near log(num_classes)). VGG's N(0, 0.01) trains far slower here.
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d | nn.Linear) and m is not self.classifier[-1]:
-                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+        # scale (fan_out for convs, as in torchvision's VGG/ResNet; He et al. show either mode
+        # works). The output layer keeps PyTorch's smaller default so the initial loss is near
+        # log(num_classes). VGG's own N(0, 0.01) for the fc layers trains far slower here.
+        for m in self.features:
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 assert m.bias is not None
                 nn.init.zeros_(m.bias)
+        hidden_fc = self.classifier[1]
+        assert isinstance(hidden_fc, nn.Linear)
+        nn.init.kaiming_normal_(hidden_fc.weight, nonlinearity="relu")
+        nn.init.zeros_(hidden_fc.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

@@ -71,3 +71,15 @@ class MetricsLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop records after ``last_step`` (a resumed run repeats them from its checkpoint)."""
+    if not path.exists():
+        return
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -22,7 +22,7 @@ from tether.launch.worker import WorkerPlacement
 from tether.methods import METHODS, MethodContext, Role, StepTimes
 from tether.models import build_model
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
-from tether.observe.metrics import MetricsLog, PhaseTotals
+from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
 from tether.training.evaluation import EvalResult, evaluate_sharded
@@ -70,6 +70,9 @@ class Trainer:
     def run(self) -> None:
         if self.is_writer:
             atomic_write_text(self.run_dir / "config.toml", self.config.to_toml())
+            if self.config.resume:
+                # Steps after the checkpoint were lost with the crash; they will be run again.
+                truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
         self.metrics = MetricsLog(
             self.run_dir / "metrics.jsonl" if self.is_writer else None, append=self.config.resume
         )

@@ -1,0 +1,51 @@
+# Tether: `make demo` sets everything up and trains the default job; `make test` sets everything up
+# and runs the checks. Both build a project-local virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned to the CPU build this machine holds; an unpinned torch pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+.PHONY: demo test install dev data lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q $(TORCH) numpy
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+# Fashion-MNIST comes from Debian's dataset-fashion-mnist package; nothing is downloaded at run time.
+data:
+	@if [ ! -e $(FMNIST) ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing dataset-fashion-mnist (Debian package)"; \
+	    (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
+	      || echo "warning: could not install dataset-fashion-mnist; pass --data-dir to tether"; \
+	  else \
+	    echo "note: Fashion-MNIST not found; run 'sudo apt-get install dataset-fashion-mnist' or pass --data-dir"; \
+	  fi; \
+	fi
+
+demo: install data
+	$(BIN)/tether train
+
+lint: dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+test: dev data lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,75 @@
+"""Bad input on the command line: one line on stderr, exit code 2, no traceback, nothing started."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tether.cli import main
+
+
+def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tether: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--method", "sgd"], "unknown method 'sgd'; valid methods: sync-sgd"),
+        (["--model", "vgg"], "unknown model 'vgg'; valid models: "),
+        (["--dataset", "imagenet"], "unknown dataset 'imagenet'; valid datasets: "),
+        (["--workers", "0"], "workers must be >= 1"),
+        (["--batch-size", "0"], "batch_size must be >= 1"),
+        (["--lr", "0"], "lr must be > 0"),
+        (["--lr", "-0.1"], "lr must be > 0"),
+        (["--set", "learning_rate=0.1"], "unknown config key 'learning_rate'; valid keys:"),
+        (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
+        (["--resume", "/nonexistent"], "cannot resume: /nonexistent/config.toml does not exist"),
+    ],
+)
+def test_bad_options(capsys, argv: list[str], message: str) -> None:
+    assert message in _error_line(capsys, ["train", *argv])
+
+
+def test_data_dir_without_files_says_how_to_get_them(capsys, tmp_path: Path) -> None:
+    line = _error_line(capsys, ["train", "--data-dir", str(tmp_path)])
+    assert str(tmp_path) in line and "apt-get install dataset-fashion-mnist" in line
+
+
+def test_corrupt_idx_file_is_named(capsys, tmp_path: Path) -> None:
+    for name in ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"):
+        # A valid header announcing 10 images of 28x28, with a truncated payload.
+        header = bytes([0, 0, 8, 3]) + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+        with gzip.open(tmp_path / f"{name}.gz", "wb") as handle:
+            handle.write(header + bytes(100))
+    for name in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"):
+        with gzip.open(tmp_path / f"{name}.gz", "wb") as handle:
+            handle.write(bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big") + bytes(10))
+    line = _error_line(capsys, ["train", "--data-dir", str(tmp_path)])
+    assert "corrupt IDX file" in line and "idx3-ubyte" in line
+
+
+def test_unparsable_config_file(capsys, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("workers = [\n")
+    assert "is not valid TOML" in _error_line(capsys, ["train", "--config", str(bad)])
+
+
+def test_console_entry_prints_no_traceback() -> None:
+    result = run_cli("train", "--workers", "0", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "tether: error: workers must be >= 1, got 0"
+    assert "Traceback" not in result.stderr
+
+
+def test_list_shows_registries(capsys) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("sync-sgd", "lenet5", "mlp", "cnn", "resnet8", "fashion-mnist", "cifar10"):
+        assert name in out

@@ -1,0 +1,29 @@
+"""Bucket layouts: every element in exactly one bucket, parameters straddling boundaries."""
+
+from __future__ import annotations
+
+from tether.comm.fusion import BucketLayout, bucket_elements
+
+
+def test_fixed_size_buckets_cover_the_buffer_and_split_parameters() -> None:
+    layout = BucketLayout.build([5, 3, 8], bucket_elems=4)
+    assert layout.numel == 16 and layout.offsets == (0, 5, 8)
+    assert [(b.start, b.end) for b in layout.buckets] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    # Parameter 0 (elements 0-4) straddles buckets 0 and 1; bucket 1 also holds parameter 1.
+    assert [b.params for b in layout.buckets] == [(0,), (0, 1), (2,), (2,)]
+
+
+def test_per_parameter_layout_is_the_unfused_baseline() -> None:
+    layout = BucketLayout.build([5, 0, 3], bucket_elems=None)
+    assert [(b.start, b.end, b.params) for b in layout.buckets] == [(0, 5, (0,)), (5, 8, (2,))]
+
+
+def test_one_bucket_when_threshold_exceeds_model() -> None:
+    layout = BucketLayout.build([5, 3], bucket_elems=1000)
+    assert [(b.start, b.end, b.params) for b in layout.buckets] == [(0, 8, (0, 1))]
+
+
+def test_bucket_elements_from_megabytes() -> None:
+    assert bucket_elements(1.0, 4) == 262144
+    assert bucket_elements(None, 4) is None
+    assert bucket_elements(1e-9, 4) == 1

@@ -1,0 +1,40 @@
+"""The point-to-point header: every field is validated before a payload is received."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tether.comm.header import MAGIC, MessageHeader, MessageKind, ProtocolError
+
+
+def _words(**change: int) -> torch.Tensor:
+    words = MessageHeader(MessageKind.PARAMS, 2, 7, 100, torch.float32).encode()
+    names = ["magic", "kind", "sender", "step", "length", "dtype"]
+    for name, value in change.items():
+        words[names.index(name)] = value
+    return words
+
+
+def test_round_trip() -> None:
+    header = MessageHeader.decode(_words(), 2, 100, torch.float32)
+    assert header == MessageHeader(MessageKind.PARAMS, 2, 7, 100, torch.float32)
+    assert int(_words()[0]) == MAGIC
+
+
+@pytest.mark.parametrize(
+    ("change", "sender", "kinds", "message"),
+    [
+        ({"magic": 1}, 2, None, "bad magic"),
+        ({"kind": 99}, 2, None, "unknown kind 99"),
+        ({}, 2, frozenset({MessageKind.GRADIENT}), "is PARAMS, expected GRADIENT"),
+        ({}, 3, None, "from rank 3 claims to come from rank 2"),
+        ({"dtype": 42}, 2, None, "unknown dtype code 42"),
+        ({"dtype": 2}, 2, None, "carries torch.float64, this side expects torch.float32"),
+        ({"length": 101}, 2, None, "announces 101 elements, buffer holds 100"),
+        ({"length": -1}, 2, None, "announces -1 elements"),
+    ],
+)
+def test_bad_headers_are_refused(change, sender, kinds, message) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        MessageHeader.decode(_words(**change), sender, 100, torch.float32, kinds)
