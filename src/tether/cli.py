@@ -9,10 +9,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes print one line and exit 2, like every other user error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tether: error: {message} (see `{self.prog} --help`)\n")
+
 
 # (flag, config key, type, help). Every option defaults to "not given" so that only explicit
 # options override the config file (and, with --resume, the resumed run's config).
@@ -78,10 +88,9 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace, default_out: str):
+def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfig], str]):
     """Defaults <- resumed run's config <- --config file <- --set <- explicit options."""
     from tether.config import (
-        TrainConfig,
         apply_overrides,
         load_toml,
         parse_set_options,
@@ -102,7 +111,7 @@ def config_from_args(args: argparse.Namespace, default_out: str):
         overrides.update(out=str(args.resume), resume=True)
     config = resolve_config(args.config, overrides, base)
     if config.out is None:
-        config = apply_overrides(config, {"out": default_out})
+        config = apply_overrides(config, {"out": default_out(config)})
     return config
 
 
@@ -113,8 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.observe.summary import human_summary
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    method = getattr(args, "method", None) or "run"
-    config = config_from_args(args, f"runs/{method}-{stamp}")
+    config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
     # Fail on missing or corrupt data here, in one line, before any worker starts.
     check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
     processes = config.workers + METHODS.get(config.method).server_processes
@@ -145,7 +153,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tether", description="Communication-efficient distributed training for PyTorch."
     )
     sub = parser.add_subparsers(dest="command", required=True)

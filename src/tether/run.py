@@ -7,10 +7,9 @@ size minus the method's server processes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from tether.cli import add_train_options, config_from_args
+from tether.cli import OneLineParser, add_train_options, config_from_args
 from tether.config import apply_overrides
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
@@ -19,12 +18,12 @@ from tether.methods import METHODS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tether.run")
+    parser = OneLineParser(prog="python -m tether.run")
     add_train_options(parser)
     args = parser.parse_args(argv)
     env = DistEnv.read()
     try:
-        config = config_from_args(args, f"runs/torchrun-{env.run_id or 'job'}")
+        config = config_from_args(args, lambda c: f"runs/{c.method}-{env.run_id or 'torchrun'}")
         servers = METHODS.get(config.method).server_processes
         config = apply_overrides(config, {"workers": env.world_size - servers}).validate()
     except TetherError as exc:

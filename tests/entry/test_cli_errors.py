@@ -73,3 +73,18 @@ def test_list_shows_registries(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("sync-sgd", "lenet5", "mlp", "cnn", "resnet8", "fashion-mnist", "cifar10"):
         assert name in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--workers", "abc"], "argument --workers: invalid int value: 'abc'"),
+        (["trian"], "invalid choice: 'trian'"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
