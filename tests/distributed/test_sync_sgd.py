@@ -73,8 +73,27 @@ def _train_ddp(rank: int, world: int) -> torch.Tensor:
     return _flat(ddp.module)
 
 
+def _batch_norm_stats(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Replicas of a batch-norm model see different shards, so their running stats differ until
+    eval_model() averages them."""
+    x, y = _data()
+    torch.manual_seed(0)
+    model = build_model("resnet8", (1, 28, 28), 10)
+    method = SyncSGD(model, MethodContext(TrainConfig(), TorchTransport(), torch.device("cpu")))
+    idx = GlobalBatchSampler(len(x), PER_WORKER * world, seed=3).worker_indices(0, rank, world)
+    method.train_step(x[idx], y[idx], StepTimes())
+
+    def stats() -> torch.Tensor:
+        return torch.cat([b.reshape(-1) for b in model.buffers() if b.is_floating_point()])
+
+    before = stats().clone()
+    method.eval_model()
+    return {"bn_before": before, "bn_after": stats()}
+
+
 def _variants(rank: int, world: int) -> dict[str, torch.Tensor]:
     return {
+        **_batch_norm_stats(rank, world),
         "fused_default": _train_tether(rank, world, 1.0),
         "fused_splitting": _train_tether(rank, world, SPLITTING_BUCKET_MB),
         "unfused": _train_tether(rank, world, 0.0),
@@ -105,6 +124,11 @@ def test_sync_sgd_matches_single_process_and_ddp(world: int) -> None:
     reference = _single_process(world)
     initial = _flat(_model()).numpy()
     assert _rel_err(initial, reference) > 1e-3, "training must move the weights"
+    bn_before = [r.pop("bn_before") for r in results]
+    assert not np.allclose(bn_before[0], bn_before[1]), "shards should give different stats"
+    bn_mean = np.mean(bn_before, axis=0)
+    for res in results:
+        np.testing.assert_allclose(res.pop("bn_after"), bn_mean, rtol=1e-6, atol=1e-7)
     for rank, res in enumerate(results):
         buckets = {k: int(v[-1]) for k, v in res.items() if k != "ddp"}
         weights = {k: (v[:-1] if k != "ddp" else v) for k, v in res.items()}

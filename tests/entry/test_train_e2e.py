@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -82,14 +83,16 @@ def test_dead_or_hung_worker_stops_the_run(tmp_path: Path, kind: str) -> None:
     fault = ["--set", "fault_rank=1", "--set", "fault_step=5", "--set", f"fault_kind={kind}"]
     timeout = ["--timeout", "5"]
     result = run_cli("train", *COMMON, *timeout, "--steps", "200", *fault, "--out", str(tmp_path))
+    stopped = time.time()
     assert result.returncode == 1
     if kind == "kill":
         assert "worker rank 1 failed: killed by SIGKILL" in result.stderr
     else:  # the survivor's collective times out and names itself; the hung rank is then killed
         assert "worker rank 0 failed" in result.stderr and "Timed out" in result.stderr
-    # Start-up (imports, data, rendezvous) takes a few seconds; the failure itself must be
-    # noticed within 10 s (the hang: within the 5 s timeout plus the agent's shutdown).
-    assert result.seconds < 40, result.seconds
+    # From the moment of the fault to the end of the `tether` process: under 10 s (for the
+    # hang this includes the 5 s collective timeout).
+    fault_at = float((tmp_path / "injected_fault.txt").read_text())
+    assert stopped - fault_at < 10, stopped - fault_at
 
 
 def test_torchrun_runs_the_same_worker_entry(tmp_path: Path) -> None:

@@ -86,6 +86,8 @@ class TrainingMethod(ABC):
 
     # What is evaluated and checkpointed ----------------------------------------------------------
     def eval_model(self) -> nn.Module:
+        """The model to evaluate and save. Called on every rank at the same points, so it may
+        communicate (e.g. to average batch-norm statistics or fetch the center variable)."""
         return self.model
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,6 +30,25 @@ def broadcast_parameters(model: nn.Module, transport, src: int = 0) -> None:
         transport.broadcast(tensor.data, src=src)
 
 
+def average_buffers(model: nn.Module, transport) -> None:
+    """Average floating-point buffers (batch-norm running statistics) over the replicas.
+
+    Gradients keep the weights identical, but each replica's running statistics see only its own
+    shard; averaging them before evaluation makes every replica evaluate the same model. One
+    flat all-reduce, not one per buffer.
+    """
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if not buffers or transport.world_size == 1:
+        return
+    flat = torch.cat([b.reshape(-1) for b in buffers])
+    transport.all_reduce(flat)
+    flat.div_(transport.world_size)
+    offset = 0
+    for b in buffers:
+        b.copy_(flat[offset : offset + b.numel()].view_as(b))
+        offset += b.numel()
+
+
 def make_sgd(model: nn.Module, config) -> torch.optim.SGD:
     return torch.optim.SGD(
         model.parameters(),
@@ -63,6 +82,10 @@ class SyncSGD(TrainingMethod):
         times.comm_s += waited
         times.compute_s += time.perf_counter() - start - waited
         return float(loss.detach())
+
+    def eval_model(self) -> nn.Module:
+        average_buffers(self.model, self.transport)
+        return self.model
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict()}

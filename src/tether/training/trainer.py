@@ -166,6 +166,8 @@ class Trainer:
         config = self.config
         if config.fault_rank != self.transport.rank or step != config.fault_step:
             return
+        # The wall-clock time of the fault, so a test can measure how fast the run stops.
+        (self.run_dir / "injected_fault.txt").write_text(f"{time.time()}\n")
         if config.fault_kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if config.fault_kind == "hang":
@@ -196,6 +198,7 @@ class Trainer:
 
     def _write_results(self, last_step: int) -> None:
         totals = self.totals.all_reduced(self.transport)
+        eval_model = self.method.eval_model()  # collective: every rank calls it
         if not self.is_writer:
             return
         wall = self._elapsed()
@@ -227,6 +230,5 @@ class Trainer:
             "samples_per_s": totals.samples / max(wall - self.elapsed_before, 1e-9),
             "history": self.history,
         }
-        eval_model = self.method.eval_model()
         atomic_write(self.run_dir / "model.pt", lambda h: torch.save(eval_model.state_dict(), h))
         atomic_write_json(self.run_dir / "summary.json", summary)
