@@ -20,7 +20,7 @@ process spawn and rendezvous are all included.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_sync_sgd.py            # both parts, about 2 minutes
+    .venv/bin/python benchmarks/bench_sync_sgd.py            # both parts, about 1 minute idle
     .venv/bin/python benchmarks/bench_sync_sgd.py --skip-tta # throughput only
 
 A Markdown result file (machine, date, command, table) is written to ``--out``; anything below
@@ -335,6 +335,14 @@ def throughput_table(tp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rounds_table(tp: dict[str, Any]) -> list[str]:
+    lines = ["| round | " + " | ".join(SYSTEMS) + " | tether / ddp |", "|---:" * 5 + "|"]
+    for i, ratio in enumerate(tp["round_ratios"]["tether"]):
+        rates = " | ".join(f"{tp['systems'][n]['samples_per_s'][i]:.0f}" for n in SYSTEMS)
+        lines.append(f"| {i + 1} | {rates} | {ratio:.3f} |")
+    return lines
+
+
 def tta_table(tta: dict[str, Any], target: float) -> list[str]:
     ttt = tta["time_to_target_s"]
     return [
@@ -450,6 +458,10 @@ def write_markdown(
             f"Bucket caps: DDP {DDP_DEFAULT_BUCKET_MB:.0f} MiB (torch default; first bucket "
             "1 MiB), Tether 1.0 MiB (default `bucket_mb`).",
             "",
+            "Per round (global samples/s, in the order the rounds ran):",
+            "",
+            *rounds_table(tp),
+            "",
         ]
     if tta is not None:
         lines += [
@@ -474,8 +486,8 @@ def write_markdown(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=60, help="steps per timed round")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per system")
+    p.add_argument("--steps", type=int, default=40, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=10, help="timed rounds per system")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps per system first")
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch (throughput)")
     p.add_argument("--lr", type=float, default=0.05)
@@ -483,11 +495,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-tta", action="store_true", help="skip the time-to-target run")
     p.add_argument("--target", type=float, default=0.88)
-    p.add_argument("--tta-epochs", type=int, default=8, help="upper bound; stops at target")
-    p.add_argument("--tta-batch-size", type=int, default=128)
-    p.add_argument("--tta-lr", type=float, default=0.1)
+    p.add_argument("--tta-epochs", type=int, default=6, help="upper bound; stops at target")
+    p.add_argument("--tta-batch-size", type=int, default=64)
+    p.add_argument("--tta-lr", type=float, default=0.03)
     p.add_argument("--tta-momentum", type=float, default=0.9)
-    p.add_argument("--tta-eval-every", type=int, default=58)
+    p.add_argument("--tta-eval-every", type=int, default=117)
     p.add_argument("--out", type=Path, default=None, help="Markdown result file")
     args = p.parse_args()
 
