@@ -139,6 +139,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tether.compare import parse_methods, run_comparison
+
+    if args.resume is not None:
+        raise TetherError("tether compare does not resume runs; use `tether train --resume DIR`")
+    if hasattr(args, "method"):
+        raise TetherError("tether compare takes --methods a,b,... (not --method)")
+    methods = parse_methods(args.methods)  # every name checked before anything runs
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    config = config_from_args(args, lambda c: f"runs/compare-{stamp}")
+    return run_comparison(config, methods)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     del args
     from tether.data import DATASETS
@@ -160,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model on local worker processes")
     add_train_options(train)
     train.set_defaults(func=cmd_train)
+    compare = sub.add_parser(
+        "compare",
+        help="run several methods on the same job and compare them",
+        description="Run each method as a normal training run in OUT/METHOD/ (same model, data, "
+        "workers, batch, length and seed), then write OUT/compare.json, compare.md and "
+        "compare.png. --out OUT defaults to runs/compare-TIMESTAMP; time to target uses "
+        "--target-accuracy, or 0.85 when not given.",
+    )
+    compare.add_argument(
+        "--methods",
+        metavar="A,B,...",
+        help="comma-separated methods to compare (default: every method in `tether list`)",
+    )
+    add_train_options(compare)
+    compare.set_defaults(func=cmd_compare)
     listing = sub.add_parser("list", help="list methods, models and data sets")
     listing.set_defaults(func=cmd_list)
     return parser

@@ -50,6 +50,16 @@ class TrainConfig:
     # Gradient fusion bucket size in MiB; 0 sends one message per parameter (no fusion).
     bucket_mb: float = 1.0
     checkpoint_every: int = 0
+    # Elastic averaging (EASGD family): alpha directly, or rho with alpha = lr * rho; neither
+    # gives the EASGD paper's beta = workers * alpha = 0.9.
+    alpha: float | None = None
+    rho: float | None = None
+    # Communication period in local steps (EASGD exchanges, local-sgd averaging, async pushes).
+    tau: int = 1
+    # async-sgd/msgd: drop gradients computed on weights more than this many updates old.
+    staleness_bound: int | None = None
+    # sync-easgd: overlap the round's all-reduce with the next local steps.
+    overlap: bool = True
     # Set by `--resume DIR`: continue the run whose checkpoint is in DIR (and write there).
     resume: bool = False
     # Collective / point-to-point timeout: a hung peer turns into an error after this long.
@@ -80,6 +90,13 @@ class TrainConfig:
             self.checkpoint_every >= 0,
             f"checkpoint_every must be >= 0, got {self.checkpoint_every}",
         )
+        _require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+        if self.alpha is not None:
+            _require(0 < self.alpha < 1, f"alpha must be in (0, 1), got {self.alpha}")
+        if self.rho is not None:
+            _require(self.rho > 0, f"rho must be > 0, got {self.rho}")
+        if self.staleness_bound is not None:
+            _require(self.staleness_bound >= 0, "staleness_bound must be >= 0")
         _require(self.timeout_s > 0, f"timeout_s must be > 0, got {self.timeout_s}")
         _require(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}")
         _require(

@@ -60,6 +60,20 @@ class MessageHeader:
         return torch.tensor([*words, DTYPE_CODES[self.dtype]], dtype=torch.int64)
 
     @staticmethod
+    def peek_kind(
+        words: torch.Tensor, actual_sender: int, kinds: frozenset[MessageKind]
+    ) -> MessageKind:
+        """The message kind, checked (with the magic) before a receive buffer is chosen by it."""
+        magic, kind = int(words[0]), int(words[1])
+        where = f"from rank {actual_sender}"
+        if magic != MAGIC:
+            raise ProtocolError(f"message {where} has bad magic {magic:#x}: not a Tether peer")
+        if kind not in {int(k) for k in kinds}:
+            expected = ", ".join(k.name for k in sorted(kinds))
+            raise ProtocolError(f"message {where} has kind {kind}, expected {expected}")
+        return MessageKind(kind)
+
+    @staticmethod
     def decode(
         words: torch.Tensor,
         actual_sender: int,

@@ -11,6 +11,7 @@ another sender's payload.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,14 @@ from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind
 
 HEADER_TAG = 7001
 PAYLOAD_TAG = 7002
+# Independent message streams between the same two ranks (e.g. data and a liveness watch) use
+# different channels: channel k shifts both tags by 10*k, so streams never match each other.
+CHANNEL_STRIDE = 10
+
+
+def _tags(channel: int) -> tuple[int, int]:
+    return HEADER_TAG + CHANNEL_STRIDE * channel, PAYLOAD_TAG + CHANNEL_STRIDE * channel
+
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -76,12 +85,13 @@ class TorchTransport:
 
     # -- point to point ------------------------------------------------------------------------
     def isend_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
     ) -> PendingSend:
         """Send header then payload without blocking; keep the result and ``wait()`` on it."""
         payload = payload.contiguous().view(-1)
         header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
-        sends = [(header, HEADER_TAG)] + ([(payload, PAYLOAD_TAG)] if payload.numel() else [])
+        header_tag, payload_tag = _tags(channel)
+        sends = [(header, header_tag)] + ([(payload, payload_tag)] if payload.numel() else [])
         handles = []
         for tensor, tag in sends:
             handle = dist.isend(tensor, group=self.group, group_dst=dst, tag=tag)
@@ -90,26 +100,34 @@ class TorchTransport:
         return PendingSend(handles, [header, payload])
 
     def send_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
     ) -> None:
-        self.isend_message(payload, dst, kind, step).wait()
+        self.isend_message(payload, dst, kind, step, channel).wait()
 
     def recv_message(
         self,
-        buffer: torch.Tensor,
+        buffer: torch.Tensor | Mapping[MessageKind, torch.Tensor],
         src: int | None = None,
         kinds: frozenset[MessageKind] | None = None,
+        channel: int = 0,
     ) -> Message:
-        """Receive one message into ``buffer`` (flat, contiguous) from ``src``, or from whichever
-        rank sends first when ``src`` is None. The header is validated before the payload is
-        received; a bad header raises :class:`~tether.comm.header.ProtocolError`."""
-        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
+        """Receive one message from ``src``, or from whichever rank sends first when ``src`` is
+        None. ``buffer`` is a flat receive buffer, or a buffer per accepted message kind (the
+        kinds it maps are then the accepted ones). The header is validated against the buffer
+        before the payload is received; a bad header raises
+        :class:`~tether.comm.header.ProtocolError`."""
+        header_tag, payload_tag = _tags(channel)
         words = torch.empty(HEADER_WORDS, dtype=torch.int64)
         # Ranks in this class are ranks within ``self.group``; torch returns a global rank.
-        global_sender = dist.recv(words, group=self.group, group_src=src, tag=HEADER_TAG)
+        global_sender = dist.recv(words, group=self.group, group_src=src, tag=header_tag)
         sender = src if src is not None else dist.get_group_rank(self._group(), global_sender)
+        if isinstance(buffer, Mapping):
+            kinds = frozenset(buffer)
+            announced = MessageHeader.peek_kind(words, sender, kinds)
+            buffer = buffer[announced]
+        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
         header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
         payload = buffer[: header.length]
         if header.length:
-            dist.recv(payload, group=self.group, group_src=sender, tag=PAYLOAD_TAG)
+            dist.recv(payload, group=self.group, group_src=sender, tag=payload_tag)
         return Message(header, payload)

@@ -33,10 +33,12 @@ def _reason(failure: ProcessFailure) -> str:
     if isinstance(message, dict):
         message = message.get("message", "")
     lines = str(message).strip().splitlines()
+    # An exception recorded by the worker explains more than the signal that ended the process
+    # (a process can abort while shutting down after the error).
+    if lines and not lines[0].startswith(("To enable traceback", "Signal")):
+        return lines[0]
     if failure.exitcode is not None and failure.exitcode < 0:
         return f"killed by {failure.signal_name()}"
-    if lines and not lines[0].startswith("To enable traceback"):
-        return lines[0]
     return f"exited with code {failure.exitcode}"
 
 

@@ -1,6 +1,16 @@
-"""Training methods, one per module, behind :class:`~tether.methods.base.TrainingMethod`."""
+"""Training methods, one per module, behind :class:`~tether.methods.base.TrainingMethod`.
 
-from tether.methods import sync_sgd as _sync_sgd  # noqa: F401  (registers itself)
+Importing this package registers every method in :data:`METHODS`.
+"""
+
+from tether.methods import (  # noqa: F401  (each module registers itself)
+    async_easgd,
+    async_measgd,
+    async_msgd,
+    async_sgd,
+    original_easgd,
+    sync_sgd,
+)
 from tether.methods.base import MethodContext, Role, StepTimes, TrainingMethod
 from tether.methods.registry import METHODS
 

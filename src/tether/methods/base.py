@@ -22,6 +22,7 @@ from torch import nn
 
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
+from tether.observe.metrics import PhaseTotals
 
 
 class Role(enum.Enum):
@@ -71,18 +72,29 @@ class TrainingMethod(ABC):
         """This rank's index among the computing workers (used for data sharding)."""
         return self.transport.rank
 
+    def start(self) -> None:
+        """Called once on every rank after a checkpoint (if any) was loaded and before the first
+        step: make the replicas consistent (broadcast, handshake with a server)."""
+        return None
+
+    @property
+    def stop_requested(self) -> bool:
+        """True when this worker was told to stop early (e.g. the target accuracy was reached)."""
+        return False
+
     # The step -----------------------------------------------------------------------------------
     @abstractmethod
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
         """One local step on this worker's batch: forward, backward, communicate, update.
         Returns the local loss."""
 
-    def serve(self) -> None:  # pragma: no cover - only server-based methods override it
+    def serve(self, hooks: Any) -> Any:  # pragma: no cover - only server-based methods override it
         raise NotImplementedError(f"{self.name} has no server role")
 
-    def finish(self) -> None:
-        """Called once after the last step, on every rank (final synchronisation)."""
-        return None
+    def finish(self, totals: PhaseTotals | None) -> None:
+        """Called once after the last step on every worker (final synchronisation); ``totals``
+        are this worker's timings, which server-based methods report to the server."""
+        del totals
 
     # What is evaluated and checkpointed ----------------------------------------------------------
     def eval_model(self) -> nn.Module:

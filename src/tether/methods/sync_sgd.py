@@ -66,11 +66,13 @@ class SyncSGD(TrainingMethod):
 
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         super().__init__(model, context)
-        broadcast_parameters(model, self.transport)
         self.optimizer = make_sgd(model, self.config)
         self.bucketer = GradientBucketer(
             list(model.parameters()), self.transport, self.config.bucket_mb or None
         )
+
+    def start(self) -> None:
+        broadcast_parameters(self.model, self.transport)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
         start = time.perf_counter()

@@ -34,6 +34,24 @@ class PhaseTotals:
         self.steps += 1
         self.samples += samples
 
+    def __add__(self, other: PhaseTotals) -> PhaseTotals:
+        return PhaseTotals(
+            self.data_s + other.data_s,
+            self.compute_s + other.compute_s,
+            self.comm_s + other.comm_s,
+            self.steps + other.steps,
+            self.samples + other.samples,
+        )
+
+    def as_tensor(self) -> torch.Tensor:
+        values = [self.data_s, self.compute_s, self.comm_s, self.steps, self.samples]
+        return torch.tensor(values, dtype=torch.float64)
+
+    @staticmethod
+    def from_tensor(tensor: torch.Tensor) -> PhaseTotals:
+        data_s, compute_s, comm_s, steps, samples = tensor.tolist()
+        return PhaseTotals(data_s, compute_s, comm_s, int(steps), int(samples))
+
     @property
     def step_s(self) -> float:
         return self.data_s + self.compute_s + self.comm_s
@@ -43,11 +61,9 @@ class PhaseTotals:
         return self.comm_s / self.step_s if self.step_s > 0 else 0.0
 
     def all_reduced(self, transport: TorchTransport) -> PhaseTotals:
-        values = [self.data_s, self.compute_s, self.comm_s, float(self.steps), float(self.samples)]
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = self.as_tensor()
         transport.all_reduce(tensor)
-        data_s, compute_s, comm_s, steps, samples = tensor.tolist()
-        return PhaseTotals(data_s, compute_s, comm_s, int(steps), int(samples))
+        return PhaseTotals.from_tensor(tensor)
 
 
 class MetricsLog:

@@ -38,13 +38,16 @@ def evaluate_sharded(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    transport: TorchTransport,
+    transport: TorchTransport | None,
     device: torch.device,
     batch: int = 1000,
 ) -> EvalResult:
-    """Each rank scores its contiguous shard; one all-reduce gives every rank the same result."""
-    lo, hi = shard_range(len(x), transport.rank, transport.world_size)
+    """Each rank scores its contiguous shard; one all-reduce gives every rank the same result.
+    Without a transport, this process scores the whole test set alone (a server)."""
+    rank, world = (transport.rank, transport.world_size) if transport else (0, 1)
+    lo, hi = shard_range(len(x), rank, world)
     totals = _sums(model, x[lo:hi], y[lo:hi], device, batch)
-    transport.all_reduce(totals)
+    if transport is not None:
+        transport.all_reduce(totals)
     correct, loss, count = totals.tolist()
     return EvalResult(correct / count, loss / count)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
@@ -63,8 +64,12 @@ class Trainer:
         self.start_step = 0
         self.elapsed_before = 0.0  # wall seconds spent before a resume
         self.time_to_target: float | None = None
+        self.eval_s = 0.0  # evaluation time, excluded from the history's training time
+        # Methods with a server evaluate there; replicated methods evaluate sharded, together.
+        self.has_server = self.method.server_processes > 0
         if config.resume:
             self._restore(load_checkpoint(self.run_dir))
+        self.method.start()
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -79,16 +84,58 @@ class Trainer:
         self.t0 = time.perf_counter()
         try:
             if self.method.role() is Role.SERVER:
-                self.method.serve()
-                last = self.start_step
+                self._serve()
+            elif self.has_server:
+                self._step_loop()
+                self.method.finish(self.totals)  # reports this worker's timings to the server
             else:
                 last = self._step_loop()
-            self.method.finish()
-            if not self.history or self.history[-1]["step"] != last:
-                self._evaluate(last)
-            self._write_results(last)
+                self.method.finish(None)
+                if not self.history or self.history[-1]["step"] != last:
+                    self._evaluate(last)
+                totals = self.totals.all_reduced(self.transport)
+                eval_model = self.method.eval_model()  # collective: every rank calls it
+                if self.is_writer:
+                    self._write_results(last, totals, eval_model, {})
         finally:
             self.metrics.close()
+
+    def _serve(self) -> None:
+        """The server's part: serve until the workers are done, evaluating as progress comes."""
+        self.bar = progress_bar(
+            self.total_steps, self.config.progress, initial=self.start_step, desc="serve"
+        )
+        self.shown_step = self.start_step
+        self.next_eval = (self.start_step // self.eval_every + 1) * self.eval_every
+        every = self.config.checkpoint_every
+        self.next_checkpoint = (self.start_step // every + 1) * every if every else None
+        try:
+            result = self.method.serve(self)
+        finally:
+            self.bar.close()
+        last = max(result.global_step, self.start_step)
+        if not self.history or self.history[-1]["step"] != last:
+            self._evaluate(last)
+        extra = {
+            **result.extra,
+            "lost_workers": [
+                {"rank": rank, "reason": reason} for rank, reason in result.lost_workers.items()
+            ],
+        }
+        self._write_results(last, result.totals, self.method.eval_model(), extra)
+
+    def on_progress(self, global_step: int) -> bool:
+        """Server hook, after each update: progress bar, evaluation, checkpoints; True = stop."""
+        self.bar.update(max(0, global_step - self.shown_step))
+        self.shown_step = max(self.shown_step, global_step)
+        while global_step >= self.next_eval:
+            result = self._evaluate(global_step)
+            self.bar.set_postfix(acc=f"{result.accuracy:.3f}", refresh=False)
+            self.next_eval += self.eval_every
+        if self.next_checkpoint is not None and global_step >= self.next_checkpoint:
+            self._checkpoint(global_step)
+            self.next_checkpoint += self.config.checkpoint_every
+        return self.config.stop_at_target and self.time_to_target is not None
 
     def _step_loop(self) -> int:
         config = self.config
@@ -126,6 +173,10 @@ class Trainer:
                     samples_s=f"{len(idx) * self.workers / max(step_s, 1e-9):.0f}",
                     refresh=False,
                 )
+                if self.method.stop_requested:
+                    break
+                if self.has_server:
+                    continue  # the server evaluates and checkpoints
                 if step % self.eval_every == 0 or step == self.total_steps:
                     result = self._evaluate(step)
                     bar.set_postfix(loss=f"{loss:.3f}", acc=f"{result.accuracy:.3f}")
@@ -142,12 +193,20 @@ class Trainer:
         return self.elapsed_before + time.perf_counter() - self.t0
 
     def _evaluate(self, step: int) -> EvalResult:
+        begin = time.perf_counter()
         model = self.method.eval_model()
         result = evaluate_sharded(
-            model, self.data.test_x, self.data.test_y, self.transport, self.device
+            model,
+            self.data.test_x,
+            self.data.test_y,
+            None if self.has_server else self.transport,
+            self.device,
         )
+        self.eval_s += time.perf_counter() - begin
         entry = {
-            "time_s": self._elapsed(),
+            # Training time: evaluation pauses are not counted, so methods that evaluate on a
+            # server and methods that evaluate on every worker are timed alike.
+            "time_s": self._elapsed() - self.eval_s,
             "step": step,
             "epoch": step / self.sampler.steps_per_epoch,
             "test_accuracy": result.accuracy,
@@ -184,6 +243,7 @@ class Trainer:
             "method": self.method.state_dict(),
             "history": self.history,
             "elapsed_s": self._elapsed(),
+            "eval_s": self.eval_s,
             "time_to_target_s": self.time_to_target,
         }
         save_checkpoint(self.run_dir, state)
@@ -194,13 +254,12 @@ class Trainer:
         self.start_step = int(state["step"])
         self.history = list(state["history"])
         self.elapsed_before = float(state["elapsed_s"])
+        self.eval_s = float(state.get("eval_s", 0.0))
         self.time_to_target = state["time_to_target_s"]
 
-    def _write_results(self, last_step: int) -> None:
-        totals = self.totals.all_reduced(self.transport)
-        eval_model = self.method.eval_model()  # collective: every rank calls it
-        if not self.is_writer:
-            return
+    def _write_results(
+        self, last_step: int, totals: PhaseTotals, eval_model: nn.Module, extra: dict[str, Any]
+    ) -> None:
         wall = self._elapsed()
         final = self.history[-1]
         config = self.config
@@ -228,6 +287,8 @@ class Trainer:
             },
             # Samples processed in this process's lifetime over the wall time they took.
             "samples_per_s": totals.samples / max(wall - self.elapsed_before, 1e-9),
+            "evaluation_s": self.eval_s,
+            **extra,
             "history": self.history,
         }
         atomic_write(self.run_dir / "model.pt", lambda h: torch.save(eval_model.state_dict(), h))

@@ -1,0 +1,115 @@
+"""Base class of the methods with a server process (async SGD/MSGD, the EASGD family).
+
+Rank 0 is the server and holds the evaluated model (the center variable, or the global weights);
+ranks 1..P are the computing workers. The trainer runs the step loop on workers and calls
+:meth:`ServerMethod.serve` on the server, which reports progress through :class:`ServerHooks` so
+the trainer can evaluate, checkpoint and show progress while the server serves.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from torch import nn
+
+from tether.comm.transport import Message
+from tether.methods.base import MethodContext, Role, TrainingMethod
+from tether.methods.flat import flatten_parameters
+from tether.methods.ps_server import ServerEndpoint
+from tether.methods.ps_worker import WorkerEndpoint
+from tether.observe.metrics import PhaseTotals
+
+
+class ServerHooks(Protocol):
+    def on_progress(self, global_step: int) -> bool:
+        """Called by the server after each update; returns True when the run should stop."""
+        ...
+
+
+@dataclass
+class ServeResult:
+    totals: PhaseTotals
+    global_step: int
+    lost_workers: dict[int, str]
+    extra: dict[str, Any] = field(default_factory=dict)  # method counters for summary.json
+
+
+class ServerMethod(TrainingMethod):
+    """A method whose rank 0 serves the model to workers 1..P over point-to-point messages."""
+
+    server_processes: ClassVar[int] = 1
+    # Asynchronous methods carry on when a worker dies; a strict round-robin cannot.
+    tolerates_worker_loss: ClassVar[bool] = True
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        super().__init__(model, context)
+        self.flat = flatten_parameters(model)
+        self.is_server = self.transport.rank == 0
+        if self.is_server:
+            self.server = ServerEndpoint(self.transport, self.flat)
+        else:
+            self.link = WorkerEndpoint(self.transport, self.flat)
+        self.local_step = 0
+
+    def start(self) -> None:
+        """Handshake: the server checks each worker's model and sends it the (restored) weights."""
+        if self.is_server:
+            self.server.handshake(self.flat)
+        else:
+            self.flat.copy_(self.link.handshake())
+
+    def role(self) -> Role:
+        return Role.SERVER if self.is_server else Role.WORKER
+
+    def computing_workers(self) -> int:
+        return self.transport.world_size - 1
+
+    def worker_index(self) -> int:
+        return self.transport.rank - 1
+
+    @property
+    def stop_requested(self) -> bool:
+        return not self.is_server and self.link.stop_requested
+
+    @abstractmethod
+    def serve(self, hooks: ServerHooks) -> ServeResult:
+        """The server's loop; returns when every worker has stopped or was lost."""
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        if not self.is_server:
+            self.link.goodbye(totals or PhaseTotals())
+
+    def result(self, **extra: Any) -> ServeResult:
+        state = self.server.state
+        return ServeResult(state.totals, state.global_step(), dict(state.lost), extra)
+
+    def serve_loop(
+        self,
+        hooks: ServerHooks,
+        arrivals: Iterable[Message],
+        before_reply: Callable[[Message], None],
+        after_reply: Callable[[Message], None] | None = None,
+    ) -> int:
+        """For each arrival: ``before_reply``, send the server's weights back, ``after_reply``,
+        report progress; once the hooks ask to stop, answer every arrival with a stop.
+
+        The split lets EASGD reply with the center *before* its elastic update (the worker needs
+        the same ``c`` the server used) without copying it. Returns the updates applied.
+        """
+        stopping = False
+        updates = 0
+        for msg in arrivals:
+            rank = msg.header.sender
+            if stopping:
+                self.server.reply(rank, self.flat, stop=True)
+                continue
+            before_reply(msg)
+            self.server.reply(rank, self.flat)
+            if after_reply is not None:
+                after_reply(msg)
+            updates += 1
+            stopping = hooks.on_progress(self.server.state.global_step())
+        return updates

@@ -1,0 +1,170 @@
+"""The server side of Tether's parameter-server protocol (used by the async and EASGD methods).
+
+Rank 0 is the server: it holds the center variable (EASGD) or the global weights (async SGD) and
+computes no gradients; ranks 1..P are the workers. Every exchange is ONE message of the flat
+parameter vector over the header-checked point-to-point protocol.
+
+Order of service (You, Buluc, Demmel, SC17, section 4):
+- first come, first served: a receiver thread receives from any source and queues arrivals; the
+  main thread applies them one at a time (serialized updates) and replies;
+- round-robin: the main thread receives from rank 1, 2, ..., P in turn; a worker that is ready
+  waits for its predecessors, which is the cost the paper's redesign removes.
+
+Liveness: gloo reports a dead peer only to an operation pending on that peer, and a receive that
+times out closes every connection of the process. So each worker gets a watch thread blocked on a
+second channel; the worker releases it with a goodbye when it finishes, and a crash makes that
+receive fail at once ("connection closed by peer"), which tells the server precisely who was lost
+without ever timing out.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from tether.comm.header import DTYPE_CODES, MessageKind
+from tether.comm.transport import Message, TorchTransport
+from tether.errors import TetherError
+from tether.observe.metrics import PhaseTotals
+
+DATA_CHANNEL = 0
+WATCH_CHANNEL = 1
+HELLO_WORDS = 2  # numel, dtype code
+TOTALS_WORDS = 5  # PhaseTotals fields, float64
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    rank: int
+    reason: str
+
+
+@dataclass
+class ServerState:
+    """What the server knows about its workers while it serves."""
+
+    workers: list[int]
+    local_steps: dict[int, int] = field(default_factory=dict)
+    stopped: set[int] = field(default_factory=set)
+    lost: dict[int, str] = field(default_factory=dict)
+    totals: PhaseTotals = field(default_factory=PhaseTotals)
+
+    @property
+    def active(self) -> list[int]:
+        return [r for r in self.workers if r not in self.stopped and r not in self.lost]
+
+    def global_step(self) -> int:
+        """Local steps done by all workers, in units of one step of every worker."""
+        return sum(self.local_steps.values()) // max(len(self.workers), 1)
+
+
+class ServerEndpoint:
+    """Handshake, arrivals (FCFS or round-robin), replies, and worker liveness on the server."""
+
+    def __init__(self, transport: TorchTransport, params: torch.Tensor) -> None:
+        self.transport = transport
+        self.params = params
+        self.state = ServerState(workers=list(range(1, transport.world_size)))
+        self._events: queue.Queue = queue.Queue()
+
+    # -- start -----------------------------------------------------------------------------------
+    def handshake(self, initial: torch.Tensor) -> None:
+        """Check every worker's model against ours, then send it the initial weights.
+
+        A worker built with another model (parameter count) or precision (dtype) is refused here,
+        with a message naming it, before any parameter-sized message is exchanged.
+        """
+        hello = torch.zeros(HELLO_WORDS, dtype=torch.int64)
+        expect = (self.params.numel(), DTYPE_CODES[self.params.dtype])
+        for rank in self.state.workers:
+            msg = self.transport.recv_message(hello, src=rank, kinds=frozenset({MessageKind.HELLO}))
+            numel, code = (int(v) for v in msg.payload.tolist())
+            if (numel, code) != expect:
+                raise TetherError(
+                    f"worker rank {rank} has a model of {numel} parameters (dtype code {code}); "
+                    f"the server's has {expect[0]} (dtype code {expect[1]}): start every process "
+                    "with the same --model, --dataset and precision"
+                )
+        for rank in self.state.workers:
+            self.transport.send_message(initial, rank, MessageKind.PARAMS)
+        for rank in self.state.workers:
+            threading.Thread(target=self._watch, args=(rank,), daemon=True).start()
+
+    def _watch(self, rank: int) -> None:
+        try:
+            self.transport.recv_message(
+                torch.zeros(0, dtype=torch.int64),
+                src=rank,
+                kinds=frozenset({MessageKind.STOP}),
+                channel=WATCH_CHANNEL,
+            )
+        except Exception as exc:  # the peer's connection closed: the worker died
+            self._events.put(WorkerLost(rank, str(exc).splitlines()[0][:200]))
+
+    # -- arrivals --------------------------------------------------------------------------------
+    def _buffers(self) -> dict[MessageKind, torch.Tensor]:
+        # A fresh buffer per arrival: the main thread may still be applying the previous one.
+        return {
+            MessageKind.PARAMS: torch.empty_like(self.params),
+            MessageKind.GRADIENT: torch.empty_like(self.params),
+            MessageKind.STOP: torch.empty(TOTALS_WORDS, dtype=torch.float64),
+        }
+
+    def _receive_any(self) -> None:
+        while True:
+            try:
+                self._events.put(self.transport.recv_message(self._buffers(), src=None))
+            except TetherError as exc:  # a malformed header: stop serving, report it
+                self._events.put(exc)
+                return
+            except Exception:
+                # A sender died between header and payload; its watch reports it. Keep serving.
+                continue
+
+    def arrivals_fcfs(self) -> Iterator[Message]:
+        """Yield data messages in arrival order until every worker stopped or was lost."""
+        threading.Thread(target=self._receive_any, daemon=True).start()
+        while self.state.active:
+            event = self._events.get()
+            if isinstance(event, WorkerLost):
+                self._mark_lost(event)
+            elif isinstance(event, Exception):
+                raise event
+            elif self._accept(event):
+                yield event
+
+    def arrivals_round_robin(self) -> Iterator[Message]:
+        """Yield data messages from rank 1, 2, ..., P, 1, ... strictly in that order."""
+        while self.state.active:
+            for rank in list(self.state.active):
+                msg = self.transport.recv_message(self._buffers(), src=rank)
+                if self._accept(msg):
+                    yield msg
+
+    def _accept(self, msg: Message) -> bool:
+        """Book-keeping for every arrival; True for a data message the method must apply."""
+        rank = msg.header.sender
+        if msg.header.kind is MessageKind.STOP:
+            self.state.stopped.add(rank)
+            self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
+            return False
+        self.state.local_steps[rank] = msg.header.step
+        return True
+
+    def _mark_lost(self, event: WorkerLost) -> None:
+        if event.rank not in self.state.stopped and event.rank not in self.state.lost:
+            self.state.lost[event.rank] = event.reason
+
+    # -- replies ---------------------------------------------------------------------------------
+    def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:
+        """Send ``payload`` to ``rank``, or tell it to stop. A send to a worker that died in the
+        meantime marks it lost instead of failing the server."""
+        kind = MessageKind.STOP if stop else MessageKind.PARAMS
+        try:
+            self.transport.send_message(payload if not stop else payload[:0], rank, kind)
+        except Exception as exc:
+            self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))

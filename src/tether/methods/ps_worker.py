@@ -1,0 +1,55 @@
+"""The worker side of the parameter-server protocol (see :mod:`tether.methods.ps_server`)."""
+
+from __future__ import annotations
+
+import torch
+
+from tether.comm.header import DTYPE_CODES, MessageKind
+from tether.comm.transport import TorchTransport
+from tether.methods.ps_server import DATA_CHANNEL, HELLO_WORDS, WATCH_CHANNEL
+from tether.observe.metrics import PhaseTotals
+
+SERVER = 0
+
+
+class WorkerEndpoint:
+    """A worker's link to the server: handshake, one exchange per call, goodbye."""
+
+    def __init__(self, transport: TorchTransport, params: torch.Tensor) -> None:
+        self.transport = transport
+        self.params = params
+        self._reply = {
+            MessageKind.PARAMS: torch.empty_like(params),
+            MessageKind.STOP: torch.empty(0, dtype=params.dtype),
+        }
+        self.stop_requested = False
+
+    def handshake(self) -> torch.Tensor:
+        """Announce our model (count and dtype) and receive the initial weights."""
+        hello = torch.tensor(
+            [self.params.numel(), DTYPE_CODES[self.params.dtype]], dtype=torch.int64
+        )
+        assert hello.numel() == HELLO_WORDS
+        self.transport.send_message(hello, SERVER, MessageKind.HELLO)
+        return self.exchange_reply()
+
+    def exchange(self, payload: torch.Tensor, kind: MessageKind, step: int) -> torch.Tensor | None:
+        """Send ``payload`` (the flat weights or gradient) and return the server's reply, or
+        None when the server asks this worker to stop (the target accuracy was reached)."""
+        self.transport.send_message(payload, SERVER, kind, step=step, channel=DATA_CHANNEL)
+        reply = self.exchange_reply()
+        return None if self.stop_requested else reply
+
+    def exchange_reply(self) -> torch.Tensor:
+        msg = self.transport.recv_message(self._reply, src=SERVER)
+        if msg.header.kind is MessageKind.STOP:
+            self.stop_requested = True
+        return msg.payload
+
+    def goodbye(self, totals: PhaseTotals) -> None:
+        """Report this worker's timings, then release the server's liveness watch."""
+        self.transport.send_message(
+            totals.as_tensor(), SERVER, MessageKind.STOP, channel=DATA_CHANNEL
+        )
+        empty = torch.empty(0, dtype=torch.int64)
+        self.transport.send_message(empty, SERVER, MessageKind.STOP, channel=WATCH_CHANNEL)

@@ -1,0 +1,164 @@
+"""The rows of a method comparison and the files that hold them: ``compare.json``, ``compare.md``.
+
+A row is a plain JSON-ready dict built from one run's ``summary.json`` (or from the error that
+ended the run), so that ``compare.json`` alone is enough to redraw the figure or re-make the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tether.observe.files import atomic_write_json, atomic_write_text
+
+# When the user gives no --target-accuracy, "time to target" means time to this test accuracy.
+DEFAULT_TARGET = 0.85
+
+Row = dict[str, Any]
+# Every row has these keys (a failed run's numbers are null).
+ROW_FIELDS = (
+    "method",
+    "status",
+    "error",
+    "run_dir",
+    "workers",
+    "time_to_target_s",
+    "final_test_accuracy",
+    "final_test_loss",
+    "samples_per_s",
+    "comm_fraction",
+    "rounds",
+    "steps",
+    "wall_time_s",
+    "time_split_s",
+    "lost_workers",
+    "history",
+)
+
+
+def time_to_target(summary: dict[str, Any], target: float) -> float | None:
+    """Seconds until the test accuracy first reached ``target``, or None if it never did.
+
+    The run's own ``time_to_target_s`` is used when it was timed against the same target;
+    otherwise the first evaluation in ``history`` at or above ``target`` gives the time.
+    """
+    if summary.get("target_accuracy") == target and "time_to_target_s" in summary:
+        value = summary["time_to_target_s"]
+        return None if value is None else float(value)
+    for entry in summary.get("history", []):
+        if entry["test_accuracy"] >= target:
+            return float(entry["time_s"])
+    return None
+
+
+def row_from_summary(summary: dict[str, Any], target: float, run_dir: Path | str) -> Row:
+    """One comparison row from a finished run's summary (see DESIGN.md, "The run directory")."""
+    return {
+        "method": summary["method"],
+        "status": "ok",
+        "error": None,
+        "run_dir": str(run_dir),
+        "workers": summary.get("workers"),
+        "time_to_target_s": time_to_target(summary, target),
+        "final_test_accuracy": summary.get("final_test_accuracy"),
+        "final_test_loss": summary.get("final_test_loss"),
+        "samples_per_s": summary.get("samples_per_s"),
+        "comm_fraction": summary.get("comm_fraction"),
+        "rounds": summary.get("rounds", summary.get("steps")),
+        "steps": summary.get("steps"),
+        "wall_time_s": summary.get("wall_time_s"),
+        "time_split_s": summary.get("time_split_s"),
+        "lost_workers": list(summary.get("lost_workers") or []),
+        "history": [
+            {"time_s": h["time_s"], "step": h.get("step"), "test_accuracy": h["test_accuracy"]}
+            for h in summary.get("history", [])
+        ],
+    }
+
+
+def failed_row(method: str, error: str, run_dir: Path | str) -> Row:
+    """A row for a method whose run failed; ``error`` is the one-line reason."""
+    row: Row = dict.fromkeys(ROW_FIELDS)
+    row.update(method=method, status="failed", error=error, run_dir=str(run_dir))
+    row.update(history=[], lost_workers=[])
+    return row
+
+
+def _cell(text: str) -> str:
+    """Make ``text`` safe inside one Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def markdown_table(rows: Sequence[Row], target: float) -> str:
+    """The comparison table, one line per method, in the order the methods ran."""
+    header = (
+        f"| method | time to {target:.0%} (s) | final accuracy | samples/s | comm share "
+        "| rounds | wall time (s) | note |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        if row["status"] != "ok":
+            cells = ["–"] * 6 + [_cell(f"failed: {row['error']}")]
+        else:
+            reached = row["time_to_target_s"]
+            lost = row.get("lost_workers") or []
+            cells = [
+                "not reached" if reached is None else f"{reached:.1f}",
+                _num(row["final_test_accuracy"], ".2%"),
+                _num(row["samples_per_s"], ".0f"),
+                _num(row["comm_fraction"], ".1%"),
+                _num(row["rounds"], "d"),
+                _num(row["wall_time_s"], ".1f"),
+                "lost workers: " + ", ".join(str(w) for w in lost) if lost else "",
+            ]
+        lines.append("| " + " | ".join([_cell(row["method"]), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    """One sentence naming what every method shared, the target, and the date."""
+    length = (
+        f"{settings['steps']} steps"
+        if settings.get("steps") is not None
+        else f"{settings['epochs']} epoch{'s' if settings['epochs'] != 1 else ''}"
+    )
+    target = f"target accuracy {settings['target_accuracy']:.0%}"
+    if settings.get("target_is_default"):
+        target += " (comparison default; set --target-accuracy to change it)"
+    return (
+        f"Settings: model {settings['model']}, dataset {settings['dataset']}, "
+        f"{settings['workers']} workers, batch {settings['batch_size']} per worker "
+        f"({settings['batch_size'] * settings['workers']} global), {length}, "
+        f"lr {settings['lr']}, seed {settings['seed']}; {target}. Date: {settings['date']}."
+    )
+
+
+def render_markdown(rows: Sequence[Row], settings: dict[str, Any], figure: str | None) -> str:
+    """The whole of ``compare.md``: title, settings line, table, and the figure if there is one."""
+    title = (
+        f"# Method comparison: {settings['model']} / {settings['dataset']}, "
+        f"{settings['workers']} workers"
+    )
+    parts = [title, settings_line(settings), markdown_table(rows, settings["target_accuracy"])]
+    parts.append(
+        "Comm share: communication not hidden behind computation, as a share of worker time. "
+        "Rounds: communication rounds where the method counts them, else optimizer steps."
+    )
+    if figure:
+        parts.append(f"![test accuracy against wall time, and where the time went]({figure})")
+    return "\n\n".join(parts) + "\n"
+
+
+def write_comparison(
+    out: Path, rows: Sequence[Row], settings: dict[str, Any], figure: str | None = "compare.png"
+) -> tuple[Path, Path]:
+    """Write ``out/compare.json`` and ``out/compare.md``; return their paths."""
+    json_path, md_path = out / "compare.json", out / "compare.md"
+    atomic_write_json(json_path, {"settings": settings, "rows": list(rows)})
+    atomic_write_text(md_path, render_markdown(rows, settings, figure))
+    return json_path, md_path

@@ -1,0 +1,105 @@
+"""`tether compare`: one real run end to end, name checking, and a failed method not stopping it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import tether.data
+import tether.launch.local
+from tests.conftest import requires_fashion_mnist, run_cli
+from tether.compare import run_comparison
+from tether.config import TrainConfig
+from tether.errors import WorkerFailure
+from tether.methods import METHODS
+
+
+@requires_fashion_mnist
+def test_compare_one_method_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    result = run_cli(
+        "compare",
+        *("--methods", "sync-sgd", "--workers", "2", "--steps", "12", "--eval-every", "6"),
+        *("--batch-size", "32", "--no-progress", "--timeout", "20", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[1/1] sync-sgd" in result.stderr
+    assert "| sync-sgd |" in result.stdout and str(out / "compare.md") in result.stdout
+
+    summary = json.loads((out / "sync-sgd" / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["target_accuracy"] == 0.85
+    data = json.loads((out / "compare.json").read_text())
+    assert data["settings"]["workers"] == 2 and data["settings"]["steps"] == 12
+    assert data["settings"]["target_is_default"] is True
+    (row,) = data["rows"]
+    assert row["method"] == "sync-sgd" and row["status"] == "ok" and row["rounds"] == 12
+    assert row["final_test_accuracy"] == summary["final_test_accuracy"]
+    assert [h["step"] for h in row["history"]] == [6, 12]
+    md = (out / "compare.md").read_text()
+    assert "| sync-sgd |" in md and "comparison default" in md
+    assert (out / "compare.png").stat().st_size > 10_000
+
+
+def test_unknown_method_names_fail_before_anything_runs(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    result = run_cli("compare", "--methods", "sync-sgd,nope", "--out", str(out), timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    valid = ", ".join(METHODS.names())  # every registered method, sync-sgd among them
+    assert lines[0] == f"tether: error: unknown method 'nope'; valid methods: {valid}"
+    assert "sync-sgd" in valid
+    assert not out.exists()
+
+
+def test_a_failed_method_does_not_stop_the_comparison(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two fake methods: the first run fails, the second writes a summary; both are reported."""
+    launched: list[tuple[str, int]] = []
+
+    def fake_launch(config: TrainConfig, processes: int) -> None:
+        launched.append((config.method, processes))
+        if config.method == "broken":
+            raise WorkerFailure("worker rank 1 failed: RuntimeError: boom", [1])
+        run = Path(str(config.out))
+        run.mkdir(parents=True)
+        history = [{"time_s": 1.0, "step": 5, "epoch": 0.1, "test_accuracy": 0.9, "test_loss": 0.3}]
+        summary = {
+            "method": config.method,
+            "workers": config.workers,
+            "steps": 5,
+            "final_test_accuracy": 0.9,
+            "final_test_loss": 0.3,
+            "wall_time_s": 1.5,
+            "target_accuracy": config.target_accuracy,
+            "time_to_target_s": 1.0,
+            "comm_fraction": 0.1,
+            "samples_per_s": 100.0,
+            "time_split_s": {"data": 0.1, "compute": 2.0, "comm": 0.2},
+            "history": history,
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+
+    monkeypatch.setattr(METHODS, "get", lambda name: SimpleNamespace(server_processes=1))
+    monkeypatch.setattr(tether.launch.local, "launch_local", fake_launch)
+    monkeypatch.setattr(tether.data, "check_dataset", lambda *args: None)
+    config = TrainConfig(workers=3, steps=5, target_accuracy=0.8, out=str(tmp_path))
+    assert run_comparison(config, ["broken", "works"]) == 0
+    assert launched == [("broken", 4), ("works", 4)]  # workers + the method's server processes
+
+    captured = capsys.readouterr()
+    assert "[1/2] broken" in captured.err and "[2/2] works" in captured.err
+    md = (tmp_path / "compare.md").read_text()
+    assert "failed: worker rank 1 failed: RuntimeError: boom" in md
+    assert "| works | 1.0 | 90.00% |" in md and "| works | 1.0 | 90.00% |" in captured.out
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["failed", "ok"]
+    assert (tmp_path / "compare.png").exists()
+
+    # Every method failing is an error (exit code 1 in the CLI), after the files are written.
+    with pytest.raises(WorkerFailure, match="broken failed, nothing to compare"):
+        run_comparison(config, ["broken"])
