@@ -51,3 +51,9 @@ def prepare_local_environment() -> None:
     """
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def elastic_error_file() -> str | None:
+    """Where torch's elastic agent wants this process's structured error (``@record`` writes it),
+    or None when the process was not started by an elastic agent."""
+    return os.environ.get("TORCHELASTIC_ERROR_FILE") or None

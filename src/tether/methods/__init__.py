@@ -8,7 +8,9 @@ from tether.methods import (  # noqa: F401  (each module registers itself)
     async_measgd,
     async_msgd,
     async_sgd,
+    local_sgd,
     original_easgd,
+    sync_easgd,
     sync_sgd,
 )
 from tether.methods.base import MethodContext, Role, StepTimes, TrainingMethod

@@ -102,6 +102,10 @@ class TrainingMethod(ABC):
         communicate (e.g. to average batch-norm statistics or fetch the center variable)."""
         return self.model
 
+    def summary_extra(self) -> dict[str, Any]:
+        """Method counters for summary.json (e.g. ``rounds`` of communication)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Method state beyond the model weights (optimizer momentum, center variable, ...)."""
         return {}

@@ -16,12 +16,18 @@ from torch import nn
 from tether.methods.flat import flat_gradient
 
 
-def loss_and_gradient(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
-    """Forward and backward on one batch; returns (loss, flat gradient)."""
+def loss_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Forward and backward on one batch, gradients left in ``.grad``; returns the loss."""
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(inputs), targets)
     loss.backward()
-    return float(loss.detach()), flat_gradient(model)
+    return float(loss.detach())
+
+
+def loss_and_gradient(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
+    """Forward and backward on one batch; returns (loss, flat gradient)."""
+    loss = loss_backward(model, inputs, targets)
+    return loss, flat_gradient(model)
 
 
 class PlainStep:

@@ -52,6 +52,8 @@ class ServerState:
     stopped: set[int] = field(default_factory=set)
     lost: dict[int, str] = field(default_factory=dict)
     totals: PhaseTotals = field(default_factory=PhaseTotals)
+    # The sender of every data message, in the order the server took them (for tests and logs).
+    arrivals: list[int] = field(default_factory=list)
 
     @property
     def active(self) -> list[int]:
@@ -70,6 +72,7 @@ class ServerEndpoint:
         self.params = params
         self.state = ServerState(workers=list(range(1, transport.world_size)))
         self._events: queue.Queue = queue.Queue()
+        self._receiving = False
 
     # -- start -----------------------------------------------------------------------------------
     def handshake(self, initial: torch.Tensor) -> None:
@@ -115,27 +118,57 @@ class ServerEndpoint:
         }
 
     def _receive_any(self) -> None:
-        while True:
+        # Post receives only while some worker may still send: once every worker said STOP (or
+        # was lost) the thread ends instead of waiting forever in a receive.
+        said_stop: set[int] = set()
+        workers = set(self.state.workers)
+        while workers - said_stop - set(self.state.lost):
             try:
-                self._events.put(self.transport.recv_message(self._buffers(), src=None))
+                msg = self.transport.recv_message(self._buffers(), src=None)
             except TetherError as exc:  # a malformed header: stop serving, report it
                 self._events.put(exc)
                 return
             except Exception:
                 # A sender died between header and payload; its watch reports it. Keep serving.
                 continue
+            if msg.header.kind is MessageKind.STOP:
+                said_stop.add(msg.header.sender)
+            self._events.put(msg)
+
+    def _start_receiving(self) -> None:
+        if not self._receiving:
+            self._receiving = True
+            threading.Thread(target=self._receive_any, daemon=True).start()
+
+    def _next_event(self, timeout: float | None) -> Message | None:
+        """The next data message, after book-keeping any goodbye, loss or protocol error;
+        None when ``timeout`` passed or the event needed no action from the method."""
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(event, WorkerLost):
+            self._mark_lost(event)
+        elif isinstance(event, Exception):
+            raise event
+        elif self._accept(event):
+            return event
+        return None
 
     def arrivals_fcfs(self) -> Iterator[Message]:
         """Yield data messages in arrival order until every worker stopped or was lost."""
-        threading.Thread(target=self._receive_any, daemon=True).start()
+        self._start_receiving()
         while self.state.active:
-            event = self._events.get()
-            if isinstance(event, WorkerLost):
-                self._mark_lost(event)
-            elif isinstance(event, Exception):
-                raise event
-            elif self._accept(event):
-                yield event
+            msg = self._next_event(timeout=None)
+            if msg is not None:
+                yield msg
+
+    def poll(self, timeout: float) -> list[Message]:
+        """For servers that exchange no data messages (Hogwild on shared memory): wait up to
+        ``timeout`` seconds for goodbyes and losses; returns any data messages that arrived."""
+        self._start_receiving()
+        msg = self._next_event(timeout)
+        return [msg] if msg is not None else []
 
     def arrivals_round_robin(self) -> Iterator[Message]:
         """Yield data messages from rank 1, 2, ..., P, 1, ... strictly in that order."""
@@ -153,6 +186,7 @@ class ServerEndpoint:
             self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
             return False
         self.state.local_steps[rank] = msg.header.step
+        self.state.arrivals.append(rank)
         return True
 
     def _mark_lost(self, event: WorkerLost) -> None:

@@ -70,6 +70,7 @@ class SyncSGD(TrainingMethod):
         self.bucketer = GradientBucketer(
             list(model.parameters()), self.transport, self.config.bucket_mb or None
         )
+        self.rounds = 0
 
     def start(self) -> None:
         broadcast_parameters(self.model, self.transport)
@@ -80,10 +81,14 @@ class SyncSGD(TrainingMethod):
         loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
         waited = self.bucketer.finish()
+        self.rounds += 1
         self.optimizer.step()
         times.comm_s += waited
         times.compute_s += time.perf_counter() - start - waited
         return float(loss.detach())
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "buckets": len(self.bucketer.layout.buckets)}
 
     def eval_model(self) -> nn.Module:
         average_buffers(self.model, self.transport)

@@ -96,7 +96,7 @@ class Trainer:
                 totals = self.totals.all_reduced(self.transport)
                 eval_model = self.method.eval_model()  # collective: every rank calls it
                 if self.is_writer:
-                    self._write_results(last, totals, eval_model, {})
+                    self._write_results(last, totals, eval_model, self.method.summary_extra())
         finally:
             self.metrics.close()
 

@@ -1,0 +1,73 @@
+"""local-sgd: periodic model averaging (a modern baseline, not in SC17; Stich 2019, Lin et al. 2020).
+
+Each worker runs its own momentum SGD; every ``tau`` steps the replicas are replaced by their mean,
+``x_i <- mean_j x_j``, with one all-reduce of the flat parameter vector. Momentum buffers stay local.
+With ``tau = 1`` and plain SGD this is sync SGD up to floating-point association.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from tether.methods.base import MethodContext, StepTimes, TrainingMethod
+from tether.methods.flat import flatten_parameters
+from tether.methods.local_step import loss_backward
+from tether.methods.registry import METHODS
+from tether.methods.sync_sgd import broadcast_parameters, make_sgd
+
+
+def average_(flat: torch.Tensor, transport) -> None:
+    transport.all_reduce(flat)
+    flat.div_(transport.world_size)
+
+
+@METHODS.register("local-sgd", help="local momentum SGD, replicas averaged every tau steps")
+class LocalSGD(TrainingMethod):
+    name = "local-sgd"
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        super().__init__(model, context)
+        self.flat = flatten_parameters(model)
+        self.optimizer = make_sgd(model, self.config)  # updates the parameter views in place
+        self.eval_copy = copy.deepcopy(model)
+        self.eval_flat = flatten_parameters(self.eval_copy)
+        self.local_step = 0
+        self.rounds = 0
+
+    def start(self) -> None:
+        broadcast_parameters(self.model, self.transport)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
+        start = time.perf_counter()
+        loss = loss_backward(self.model, inputs, targets)
+        self.optimizer.step()
+        self.local_step += 1
+        times.compute_s += time.perf_counter() - start
+        if self.local_step % self.config.tau == 0:
+            start = time.perf_counter()
+            average_(self.flat, self.transport)
+            self.rounds += 1
+            times.comm_s += time.perf_counter() - start
+        return loss
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "tau": self.config.tau}
+
+    def eval_model(self) -> nn.Module:
+        """The mean of the replicas (what the next averaging would produce), without changing
+        any replica. Collective: called on every rank."""
+        self.eval_flat.copy_(self.flat)
+        average_(self.eval_flat, self.transport)
+        return self.eval_copy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rounds = int(state["rounds"])

@@ -1,0 +1,99 @@
+"""sync-easgd: synchronous Elastic Averaging SGD with a replicated center (SC17, Algorithm 4).
+
+Every ``tau`` local steps all workers do one round together: each computes ``d_i = x_i - c`` with
+the same center, moves ``x_i <- x_i - alpha*d_i`` at once, and the center moves by
+``c <- c + alpha * sum_i d_i``. The sum is ONE all-reduce of the flat vector (the paper reduces the
+``x_i`` to a master and broadcasts ``c``; an all-reduce with ``c`` replicated on every rank is the
+equivalent, deterministic form). Only the center update needs the sum, and the center is first
+needed at the next round, so the all-reduce runs asynchronously under the next ``tau`` local steps
+(co-design 4: overlap) and is waited for at the start of the next round. Every operation is
+deterministic, so two runs with the same seed give bitwise identical weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from tether.methods.base import MethodContext, StepTimes, TrainingMethod
+from tether.methods.elastic import elastic_rate
+from tether.methods.flat import flatten_parameters
+from tether.methods.local_step import PlainStep
+from tether.methods.registry import METHODS
+from tether.methods.sync_sgd import broadcast_parameters
+from tether.observe.metrics import PhaseTotals
+
+
+@METHODS.register("sync-easgd", help="synchronous EASGD: one all-reduce per round, overlapped")
+class SyncEASGD(TrainingMethod):
+    name = "sync-easgd"
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        super().__init__(model, context)
+        self.flat = flatten_parameters(model)
+        # The center is a model of its own (evaluated and saved); its parameters view ``center``.
+        self.center_model = copy.deepcopy(model)
+        self.center = flatten_parameters(self.center_model)
+        self.alpha = elastic_rate(self.config, self.transport.world_size)
+        self.local = PlainStep(self.flat, self.config.lr, self.config.weight_decay)
+        self.local_step = 0
+        self.rounds = 0
+        self._pending: Any = None  # the in-flight all-reduce of sum_i d_i
+        self._sum = torch.zeros_like(self.flat)
+
+    def start(self) -> None:
+        broadcast_parameters(self.center_model, self.transport)
+        broadcast_parameters(self.model, self.transport)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
+        start = time.perf_counter()
+        loss = self.local.step(self.model, inputs, targets)
+        self.local_step += 1
+        times.compute_s += time.perf_counter() - start
+        if self.local_step % self.config.tau == 0:
+            times.comm_s += self._complete_round()
+            start = time.perf_counter()
+            self._sum = self.flat - self.center  # d_i, with the center every rank holds
+            self.flat.sub_(self._sum, alpha=self.alpha)  # the worker moves now
+            self._pending = self.transport.all_reduce(self._sum, async_op=True)
+            self.rounds += 1
+            times.compute_s += time.perf_counter() - start
+            if not self.config.overlap:
+                times.comm_s += self._complete_round()
+        return loss
+
+    def _complete_round(self) -> float:
+        """Wait for the last round's sum and move the center; returns the seconds waited."""
+        if self._pending is None:
+            return 0.0
+        start = time.perf_counter()
+        self._pending.wait()
+        self._pending = None
+        waited = time.perf_counter() - start
+        self.center.add_(self._sum, alpha=self.alpha)
+        return waited
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        del totals
+        self._complete_round()
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "alpha": self.alpha, "tau": self.config.tau}
+
+    def eval_model(self) -> nn.Module:
+        return self.center_model
+
+    def state_dict(self) -> dict[str, Any]:
+        self._complete_round()
+        return {"center": self.center.clone(), "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Workers restart from the center: it is the model, and this also allows resuming with
+        # a different number of workers.
+        self.center.copy_(state["center"])
+        self.flat.copy_(state["center"])
+        self.rounds = int(state["rounds"])
