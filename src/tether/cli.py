@@ -51,6 +51,10 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ),
     ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
     ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
+    ("--alpha", "alpha", float, "EASGD elastic rate (default: 0.9 / workers)"),
+    ("--rho", "rho", float, "EASGD elastic coefficient: alpha = lr * rho"),
+    ("--tau", "tau", int, "communication period in local steps (EASGD, local-sgd, async)"),
+    ("--staleness-bound", "staleness_bound", int, "async-sgd/msgd: drop staler gradients"),
 ]
 
 

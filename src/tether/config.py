@@ -58,8 +58,10 @@ class TrainConfig:
     tau: int = 1
     # async-sgd/msgd: drop gradients computed on weights more than this many updates old.
     staleness_bound: int | None = None
-    # sync-easgd: overlap the round's all-reduce with the next local steps.
+    # sync-easgd co-design switches (SC17 section 5): overlap the round's all-reduce with the
+    # next local steps; send all layers as one flat message (False: one message per layer).
     overlap: bool = True
+    single_message: bool = True
     # Set by `--resume DIR`: continue the run whose checkpoint is in DIR (and write there).
     resume: bool = False
     # Collective / point-to-point timeout: a hung peer turns into an error after this long.

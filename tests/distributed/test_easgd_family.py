@@ -58,11 +58,13 @@ def _batch(step: int, index: int, workers: int):
     return x[idx], y[idx]
 
 
-def _run(rank: int, world: int, method: str, token: bool, slow_first: float = 0.0) -> dict:
+def _run(
+    rank: int, world: int, method: str, token: bool, slow_first: float = 0.0, **change
+) -> dict:
     """Drive one method by hand on this rank. With ``token`` the workers exchange in turn
     (1, 2, ..., P, 1, ...); ``slow_first`` delays worker 1 before each exchange."""
     cls = METHODS.get(method)
-    m = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
+    m = cls(_model(), MethodContext(_config(**change), TorchTransport(), torch.device("cpu")))
     m.start()
     servers = cls.server_processes
     if servers and rank == 0:
@@ -204,6 +206,10 @@ def _replicated(rank: int, world: int) -> dict:
     return {
         "sync-easgd": _run(rank, world, "sync-easgd", token=False),
         "sync-easgd-again": _run(rank, world, "sync-easgd", token=False),
+        # The co-design switches change how the round communicates, not what it computes.
+        "sync-easgd-switches": _run(
+            rank, world, "sync-easgd", token=False, overlap=False, single_message=False
+        ),
         "local-sgd": _run(rank, world, "local-sgd", token=False),
     }
 

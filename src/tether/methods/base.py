@@ -59,6 +59,7 @@ class TrainingMethod(ABC):
         self.context = context
         self.config = context.config
         self.transport = context.transport
+        self.local_step = 0  # steps this worker has taken, counted from the start of the run
 
     # Roles --------------------------------------------------------------------------------------
     def role(self) -> Role:
@@ -72,10 +73,11 @@ class TrainingMethod(ABC):
         """This rank's index among the computing workers (used for data sharding)."""
         return self.transport.rank
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
         """Called once on every rank after a checkpoint (if any) was loaded and before the first
-        step: make the replicas consistent (broadcast, handshake with a server)."""
-        return None
+        step, which is ``step`` (non-zero on resume): make the replicas consistent (broadcast,
+        handshake with a server). Subclasses call ``super().start(step)``."""
+        self.local_step = step
 
     @property
     def stop_requested(self) -> bool:

@@ -36,10 +36,10 @@ class LocalSGD(TrainingMethod):
         self.optimizer = make_sgd(model, self.config)  # updates the parameter views in place
         self.eval_copy = copy.deepcopy(model)
         self.eval_flat = flatten_parameters(self.eval_copy)
-        self.local_step = 0
         self.rounds = 0
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
+        super().start(step)
         broadcast_parameters(self.model, self.transport)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:

@@ -52,9 +52,9 @@ class ServerMethod(TrainingMethod):
             self.server = ServerEndpoint(self.transport, self.flat)
         else:
             self.link = WorkerEndpoint(self.transport, self.flat)
-        self.local_step = 0
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
+        super().start(step)
         """Handshake: the server checks each worker's model and sends it the (restored) weights."""
         if self.is_server:
             self.server.handshake(self.flat)

@@ -40,12 +40,12 @@ class SyncEASGD(TrainingMethod):
         self.center = flatten_parameters(self.center_model)
         self.alpha = elastic_rate(self.config, self.transport.world_size)
         self.local = PlainStep(self.flat, self.config.lr, self.config.weight_decay)
-        self.local_step = 0
         self.rounds = 0
-        self._pending: Any = None  # the in-flight all-reduce of sum_i d_i
+        self._pending: list | None = None  # the in-flight all-reduce(s) of sum_i d_i
         self._sum = torch.zeros_like(self.flat)
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
+        super().start(step)
         broadcast_parameters(self.center_model, self.transport)
         broadcast_parameters(self.model, self.transport)
 
@@ -59,19 +59,30 @@ class SyncEASGD(TrainingMethod):
             start = time.perf_counter()
             self._sum = self.flat - self.center  # d_i, with the center every rank holds
             self.flat.sub_(self._sum, alpha=self.alpha)  # the worker moves now
-            self._pending = self.transport.all_reduce(self._sum, async_op=True)
+            self._pending = self._all_reduce_async(self._sum)
             self.rounds += 1
             times.compute_s += time.perf_counter() - start
             if not self.config.overlap:
                 times.comm_s += self._complete_round()
         return loss
 
+    def _all_reduce_async(self, flat: torch.Tensor) -> list:
+        """One message of the whole vector, or (co-design switch off) one per layer."""
+        if self.config.single_message:
+            return [self.transport.all_reduce(flat, async_op=True)]
+        pieces, offset = [], 0
+        for p in self.model.parameters():
+            pieces.append(flat[offset : offset + p.numel()])
+            offset += p.numel()
+        return [self.transport.all_reduce(piece, async_op=True) for piece in pieces]
+
     def _complete_round(self) -> float:
         """Wait for the last round's sum and move the center; returns the seconds waited."""
         if self._pending is None:
             return 0.0
         start = time.perf_counter()
-        self._pending.wait()
+        for handle in self._pending:
+            handle.wait()
         self._pending = None
         waited = time.perf_counter() - start
         self.center.add_(self._sum, alpha=self.alpha)

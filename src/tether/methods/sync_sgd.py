@@ -72,7 +72,8 @@ class SyncSGD(TrainingMethod):
         )
         self.rounds = 0
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
+        super().start(step)
         broadcast_parameters(self.model, self.transport)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:

@@ -69,7 +69,7 @@ class Trainer:
         self.has_server = self.method.server_processes > 0
         if config.resume:
             self._restore(load_checkpoint(self.run_dir))
-        self.method.start()
+        self.method.start(self.start_step)
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:

@@ -1,0 +1,77 @@
+"""EASGD-family runs end to end: the center is evaluated and saved, resume restores it, and a
+run can resume with a different number of workers (new workers start from the center)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.conftest import requires_fashion_mnist, run_cli
+
+pytestmark = requires_fashion_mnist
+COMMON = [
+    "--batch-size",
+    "32",
+    "--no-progress",
+    "--timeout",
+    "20",
+    "--eval-every",
+    "10",
+    "--lr",
+    "0.2",
+]
+
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_async_easgd_resumes_the_center_with_another_worker_count(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [
+        "--method",
+        "async-easgd",
+        "--workers",
+        "2",
+        "--steps",
+        "30",
+        "--checkpoint-every",
+        "10",
+    ]
+    result = run_cli("train", *COMMON, *args, "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    first = _summary(run)
+    assert first["workers"] == 2 and first["steps"] == 30 and first["rounds"] >= 2 * 29
+    assert first["lost_workers"] == [] and first["final_test_accuracy"] > 0.2
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert checkpoint["step"] == 30
+    model = torch.load(run / "model.pt", weights_only=True)
+    for name, tensor in checkpoint["model"].items():  # the saved model is the center
+        assert torch.equal(model[name], tensor), name
+
+    # Resume with nothing left to do: the restored center is exactly the checkpoint's.
+    result = run_cli("train", "--resume", str(run), "--timeout", "20")
+    assert result.returncode == 0, result.stderr
+    again = torch.load(run / "model.pt", weights_only=True)
+    for name, tensor in checkpoint["model"].items():
+        assert torch.equal(again[name], tensor), name
+
+    # Resume with three workers and a longer budget: training continues from the center.
+    result = run_cli("train", "--resume", str(run), "--workers", "3", "--steps", "50")
+    assert result.returncode == 0, result.stderr
+    resumed = _summary(run)
+    assert resumed["workers"] == 3 and resumed["steps"] == 50
+    steps = [h["step"] for h in resumed["history"]]
+    assert steps[:3] == [10, 20, 30] and steps[-1] == 50
+    assert resumed["final_test_accuracy"] >= first["final_test_accuracy"] - 0.05
+
+
+def test_sync_easgd_evaluates_the_center(tmp_path: Path) -> None:
+    args = ["--method", "sync-easgd", "--workers", "2", "--steps", "60", "--tau", "2"]
+    result = run_cli("train", *COMMON, *args, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary = _summary(tmp_path)
+    assert summary["rounds"] == 30 and summary["tau"] == 2 and summary["alpha"] == 0.45
+    assert summary["final_test_accuracy"] > 0.2
