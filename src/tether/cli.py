@@ -153,7 +153,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)  # every name checked before anything runs
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     config = config_from_args(args, lambda c: f"runs/compare-{stamp}")
-    return run_comparison(config, methods)
+
+    def config_for(method: str) -> TrainConfig:
+        # The user's options over each method's own defaults (e.g. its tuned learning rate).
+        per_method = argparse.Namespace(**{**vars(args), "method": method})
+        return config_from_args(per_method, lambda c: str(config.out))
+
+    return run_comparison(config, methods, config_for)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import datetime
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +97,15 @@ def run_one(config: TrainConfig, method: str, run_dir: Path, target: float) -> R
     return row
 
 
-def run_comparison(config: TrainConfig, methods: Sequence[str]) -> int:
+def run_comparison(
+    config: TrainConfig,
+    methods: Sequence[str],
+    config_for: Callable[[str], TrainConfig] | None = None,
+) -> int:
     """Run ``methods`` one after another on ``config``'s job and write the comparison to
-    ``config.out``. Returns 0 if at least one method succeeded; raises WorkerFailure otherwise.
+    ``config.out``. ``config_for(method)`` gives each method's config (the user's options over
+    that method's own tuned defaults); without it every method runs ``config``.
+    Returns 0 if at least one method succeeded; raises WorkerFailure otherwise.
     """
     from tether.data import check_dataset
     from tether.methods import METHODS
@@ -122,7 +128,9 @@ def run_comparison(config: TrainConfig, methods: Sequence[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-        row = run_one(config, method, out / method, target)
+        base = config_for(method) if config_for is not None else config
+        base = apply_overrides(base, {"target_accuracy": target})
+        row = run_one(base, method, out / method, target)
         if row["status"] != "ok":
             print(f"tether: {method} failed: {row['error']}", file=sys.stderr, flush=True)
         rows.append(row)

@@ -203,10 +203,21 @@ def resolve_config(
     overrides: Mapping[str, Any] | None = None,
     base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """Defaults (or ``base``) <- config file <- explicit overrides, validated."""
+    """Defaults (or ``base``) <- the method's own defaults <- config file <- explicit overrides,
+    validated. A method's defaults (e.g. a larger learning rate for plain-SGD local steps) apply
+    only to keys that the file and the overrides leave unset."""
+    given = dict(load_toml(file)) if file is not None else {}
+    given.update(overrides or {})
     config = base or TrainConfig()
-    if file is not None:
-        config = apply_overrides(config, load_toml(file))
-    if overrides:
-        config = apply_overrides(config, overrides)
-    return config.validate()
+    if base is None:
+        config = apply_overrides(config, method_defaults(given.get("method", config.method)))
+    return apply_overrides(config, given).validate()
+
+
+def method_defaults(method: object) -> dict[str, Any]:
+    """The tuned defaults a method declares (empty for an unknown name: validation reports it)."""
+    from tether.methods import METHODS
+
+    if not isinstance(method, str) or method not in METHODS:
+        return {}
+    return dict(METHODS.get(method).defaults)

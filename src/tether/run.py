@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     except TetherError as exc:
         print(f"tether: error: {exc}", file=sys.stderr)
         return 2
-    run_worker(config.to_toml())
+    try:
+        run_worker(config.to_toml())
+    except TetherError as exc:  # e.g. a method that cannot run on this placement
+        print(f"tether: error: rank {env.rank}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,6 +11,7 @@ another sender's payload.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -110,17 +111,20 @@ class TorchTransport:
         src: int | None = None,
         kinds: frozenset[MessageKind] | None = None,
         channel: int = 0,
+        timeout: datetime.timedelta | None = None,
     ) -> Message:
         """Receive one message from ``src``, or from whichever rank sends first when ``src`` is
         None. ``buffer`` is a flat receive buffer, or a buffer per accepted message kind (the
         kinds it maps are then the accepted ones). The header is validated against the buffer
         before the payload is received; a bad header raises
-        :class:`~tether.comm.header.ProtocolError`."""
+        :class:`~tether.comm.header.ProtocolError`.
+
+        ``timeout`` replaces the group's timeout for this receive. A gloo receive that times out
+        closes every connection of the process, so a receive that may rightly wait for a whole
+        run (a liveness watch, a background listener) passes a long one."""
         header_tag, payload_tag = _tags(channel)
         words = torch.empty(HEADER_WORDS, dtype=torch.int64)
-        # Ranks in this class are ranks within ``self.group``; torch returns a global rank.
-        global_sender = dist.recv(words, group=self.group, group_src=src, tag=header_tag)
-        sender = src if src is not None else dist.get_group_rank(self._group(), global_sender)
+        sender = self._recv(words, src, header_tag, timeout)
         if isinstance(buffer, Mapping):
             kinds = frozenset(buffer)
             announced = MessageHeader.peek_kind(words, sender, kinds)
@@ -129,5 +133,18 @@ class TorchTransport:
         header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
         payload = buffer[: header.length]
         if header.length:
-            dist.recv(payload, group=self.group, group_src=sender, tag=payload_tag)
+            self._recv(payload, sender, payload_tag, timeout)
         return Message(header, payload)
+
+    def _recv(
+        self, tensor: torch.Tensor, src: int | None, tag: int, timeout: datetime.timedelta | None
+    ) -> int:
+        """Receive into ``tensor``; returns the sender's rank within ``self.group``."""
+        if timeout is None:
+            # torch returns a global rank.
+            global_sender = dist.recv(tensor, group=self.group, group_src=src, tag=tag)
+            return src if src is not None else dist.get_group_rank(self._group(), global_sender)
+        work = dist.irecv(tensor, group=self.group, group_src=src, tag=tag)
+        assert work is not None, "this rank is a member of the group"
+        work.wait(timeout)
+        return src if src is not None else work._source_rank()  # a rank within the group

@@ -3,22 +3,37 @@
 We do not invent a rendezvous: the c10d rendezvous of ``torch.distributed.launcher`` runs on
 127.0.0.1 with a free port, with no restarts, so a failed worker fails the run at once. The agent
 watches the workers; when one dies it stops the others and reports which rank failed and why.
+
+Methods that tolerate the loss of a worker (asynchronous parameter servers) are launched with a
+program entry point instead of a function: each agent slot runs :mod:`tether.launch.supervise`,
+which runs the worker as its child and hides the death of a worker rank from the agent (recording
+it in ``RUN/lost/``), so the server and the other workers finish the run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import signal
 import socket
+import sys
 import uuid
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tether.config import TrainConfig
 from tether.errors import WorkerFailure
 from tether.launch.env import prepare_local_environment
+from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
 from tether.launch.worker import run_worker
+from tether.methods import METHODS
+from tether.observe.files import atomic_write_json, atomic_write_text
+
+LAUNCH_CONFIG = "config.launch.toml"  # the resolved config, read by each supervised worker
 
 
 def free_port() -> int:
@@ -66,7 +81,11 @@ def describe_failures(error: ChildFailedError, log: Path | None) -> tuple[str, l
 
 
 def launch_local(config: TrainConfig, processes: int) -> None:
-    """Run the training job in ``processes`` local worker processes; raise WorkerFailure on error."""
+    """Run the training job in ``processes`` local worker processes; raise WorkerFailure on error.
+
+    For a method with ``tolerates_worker_loss``, a worker rank other than 0 may die without ending
+    the run; the run directory then records it (``summary.json`` ``lost_workers``, ``lost/``).
+    """
     prepare_local_environment()
     # The agent logs every state change and each failure's traceback; we report failures in one
     # line per rank and keep the tracebacks in the run directory instead.
@@ -84,9 +103,56 @@ def launch_local(config: TrainConfig, processes: int) -> None:
         start_method="spawn",
         local_addr="127.0.0.1",
     )
+    tolerant = bool(getattr(METHODS.get(config.method), "tolerates_worker_loss", False))
+    run_dir = Path(config.out) if config.out else None
     try:
-        elastic_launch(launch, run_worker)(config.to_toml())
+        if tolerant and run_dir is not None:
+            _launch_supervised(launch, config, run_dir)
+        else:
+            elastic_launch(launch, run_worker)(config.to_toml())
     except ChildFailedError as error:
-        log = Path(config.out) / "failures.log" if config.out else None
+        log = run_dir / "failures.log" if run_dir is not None else None
         message, ranks = describe_failures(error, log)
+        if tolerant and run_dir is not None:
+            _append(run_dir / "failures.log", failures_text(read_lost_records(run_dir)))
         raise WorkerFailure(message, ranks) from None
+    except SignalException as stop:
+        # The agent stopped the workers because we were told to stop (Ctrl-C, kill).
+        if stop.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise WorkerFailure(
+            f"stopped by {stop.sigval.name}; the workers were stopped", []
+        ) from None
+    if tolerant and run_dir is not None:
+        _record_lost_workers(run_dir)
+
+
+def _launch_supervised(launch: LaunchConfig, config: TrainConfig, run_dir: Path) -> None:
+    lost = run_dir / LOST_DIR
+    shutil.rmtree(lost, ignore_errors=True)  # records of an earlier attempt (before a resume)
+    config_path = run_dir / LAUNCH_CONFIG
+    atomic_write_text(config_path, config.to_toml())
+    python = sys.executable
+    supervise = [python, "-m", "tether.launch.supervise", "--lost-dir", str(lost), "--"]
+    worker = [python, "-m", "tether.launch.worker_main", str(config_path)]
+    elastic_launch(launch, supervise[0])(*supervise[1:], *worker)
+
+
+def _append(log: Path, text: str) -> None:
+    if text:
+        with log.open("a") as handle:
+            handle.write(text)
+
+
+def _record_lost_workers(run_dir: Path) -> None:
+    """After a run that carried on: how each lost worker ended goes into summary.json, and its
+    traceback into failures.log."""
+    records = read_lost_records(run_dir)
+    if not records:
+        return
+    (run_dir / "failures.log").write_text(failures_text(records))
+    path = run_dir / "summary.json"
+    if path.exists():
+        summary = json.loads(path.read_text())
+        merge_into_summary(summary, records)
+        atomic_write_json(path, summary)

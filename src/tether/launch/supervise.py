@@ -8,6 +8,12 @@ than the server (rank 0) fails, writes ``LOST_DIR/rank-R.json`` and exits 0, so 
 others running. Any other failure is passed on with the child's exit status, and the child's
 ``@record`` error file (it inherits the agent's TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
+When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
+``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
+does not wait for it forever. Stop signals from the agent are forwarded to the child; the child
+gets SIGKILL if the supervisor dies, and the supervisor SIGTERM if the agent dies (Linux), so no
+worker outlives its launcher.
+
 Standard library only, no torch: it must start fast and stay small.
     python -m tether.launch.supervise [--lost-dir DIR] -- COMMAND [ARGS...]
 """
@@ -17,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -26,23 +31,40 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from tether.launch.env import DistEnv, elastic_error_file
-from tether.observe.files import atomic_write_json
+from tether.launch.lost import SERVER_FINISHED, lost_record, read_error_file, write_lost_record
 
 SERVER_RANK = 0
+POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
+GRACE_S = 5.0  # how long a worker may outlive a finished server before it is killed
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when this supervisor dies (Linux)."""
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, called after it
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
+        return None
+
+
+def exit_with_parent(sig: int) -> bool:
+    """Ask Linux to send us ``sig`` when our parent (the elastic agent) dies, so a killed agent
+    leaves no orphan workers. False if the parent is already gone."""
+    libc = _libc()
+    parent = os.getppid()
+    if libc is not None:
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    return os.getppid() == parent
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this supervisor dies (Linux)."""
+    libc = _libc()  # loaded before the fork, called after it
+    if libc is None:
         return None
     parent = os.getpid()
 
@@ -54,55 +76,20 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-def read_error_file(path: str | None) -> dict[str, str]:
-    """The exception ``@record`` wrote for the child: its message and traceback, if any."""
-    if path is None:
-        return {}
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    info = data.get("message", {})
-    if not isinstance(info, dict):
-        return {"message": str(info)}
-    extra = info.get("extraInfo", {})
-    return {
-        "message": str(info.get("message", "")),
-        "traceback": str(extra.get("py_callstack", "")) if isinstance(extra, dict) else "",
-    }
-
-
-def lost_record(rank: int, returncode: int, error: dict[str, str]) -> dict[str, Any]:
-    now = time.time()
-    how = describe_exit(returncode)
-    message = error.get("message", "").strip().splitlines()
-    return {
-        "rank": rank,
-        "returncode": returncode,
-        "exit": how,
-        # The worker's own exception explains more than its exit status.
-        "reason": message[0] if message else how,
-        "time": now,
-        "time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-        "traceback": error.get("traceback", ""),
-    }
-
-
 class Supervisor:
-    def __init__(self, command: list[str], lost_dir: Path | None) -> None:
+    """Runs one worker; see the module docstring. ``lost_dir`` None: pass every failure on."""
+
+    def __init__(self, command: list[str], lost_dir: Path | None, rank: int) -> None:
         self.command = command
         self.lost_dir = lost_dir
+        self.rank = rank
         self.stop_signal: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
+
+    @property
+    def tolerated(self) -> bool:
+        """Whether this slot's worker may be lost without ending the run."""
+        return self.lost_dir is not None and self.rank != SERVER_RANK
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         del frame
@@ -111,24 +98,36 @@ class Supervisor:
             self.child.send_signal(signum)
 
     def run(self) -> int:
-        rank = DistEnv.read().rank
         for sig in FORWARDED:
             signal.signal(sig, self._forward)
-        # Same environment (placement, error file), same process group: the agent's killpg
-        # reaches the child directly too.
-        self.child = subprocess.Popen(self.command, preexec_fn=_die_with_parent())
+        # If the agent dies we get SIGTERM, which stops the child like any other stop request.
+        if not exit_with_parent(signal.SIGTERM):
+            return 128 + signal.SIGTERM
+        # Same environment (placement, error file). Its own process group, so a signal the agent
+        # sends to our group reaches the child once, through us, not twice.
+        self.child = subprocess.Popen(self.command, preexec_fn=_die_with_parent(), process_group=0)
         if self.stop_signal is not None:  # it arrived while the child was starting
             self.child.send_signal(self.stop_signal)
-        returncode = self.child.wait()
+        returncode, overstayed = self._wait(self.child)
         if returncode == 0:
+            if self.lost_dir is not None and self.rank == SERVER_RANK:
+                self.lost_dir.mkdir(parents=True, exist_ok=True)
+                (self.lost_dir / SERVER_FINISHED).touch()
             return 0
-        if self.stop_signal is None and self.lost_dir is not None and rank != SERVER_RANK:
-            record = lost_record(rank, returncode, read_error_file(elastic_error_file()))
-            path = self.lost_dir / f"rank-{rank}.json"
-            atomic_write_json(path, record)
+        if self.stop_signal is None and self.tolerated:
+            assert self.lost_dir is not None
+            error = read_error_file(elastic_error_file())
+            record = lost_record(self.rank, returncode, error)
+            if overstayed:
+                record["overstayed"] = True
+                record["reason"] = (
+                    f"killed: still running {GRACE_S:.0f} s after the server finished"
+                )
+            path = write_lost_record(self.lost_dir, record)
+            after = "" if overstayed else "; the run carries on without it"
             print(
-                f"tether: worker rank {rank} lost ({record['reason']}); the run carries on "
-                f"without it (details in {path})",
+                f"tether: worker rank {self.rank} lost ({record['reason']}){after} "
+                f"(details in {path})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -140,6 +139,25 @@ class Supervisor:
             os.kill(os.getpid(), -returncode)
             return 128 - returncode
         return returncode
+
+    def _wait(self, child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+        """The child's exit status, and whether we killed it for outliving the server: the
+        server has given up on it (or it hangs on its way out), and the agent would otherwise
+        wait for it forever."""
+        if not self.tolerated:
+            return child.wait(), False
+        assert self.lost_dir is not None
+        finished_at: float | None = None
+        while True:
+            try:
+                return child.wait(timeout=POLL_S), False
+            except subprocess.TimeoutExpired:
+                pass
+            if finished_at is None and (self.lost_dir / SERVER_FINISHED).exists():
+                finished_at = time.monotonic()
+            if finished_at is not None and time.monotonic() - finished_at > GRACE_S:
+                child.kill()
+                return child.wait(), self.stop_signal is None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to supervise")
-    return Supervisor(command, args.lost_dir).run()
+    return Supervisor(command, args.lost_dir, DistEnv.read().rank).run()
 
 
 if __name__ == "__main__":

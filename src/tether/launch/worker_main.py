@@ -6,6 +6,7 @@ resolved config that the local launcher wrote to a file.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run_worker(Path(args[0]).read_text())
+    except KeyboardInterrupt:  # the launcher is stopping the run (Ctrl-C): no traceback
+        return 128 + signal.SIGINT
     except Exception:
         if elastic_error_file() is None:
             raise

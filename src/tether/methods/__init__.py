@@ -8,6 +8,8 @@ from tether.methods import (  # noqa: F401  (each module registers itself)
     async_measgd,
     async_msgd,
     async_sgd,
+    hogwild_easgd,
+    hogwild_sgd,
     local_sgd,
     original_easgd,
     sync_easgd,

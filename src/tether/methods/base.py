@@ -53,6 +53,9 @@ class TrainingMethod(ABC):
     name: ClassVar[str]
     # Extra processes beyond the computing workers (a parameter server takes one).
     server_processes: ClassVar[int] = 0
+    # Config values this method uses unless the user sets them (tuned per method: see the
+    # method's docstring for the measurement behind them).
+    defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         self.model = model

@@ -49,7 +49,10 @@ class ServerMethod(TrainingMethod):
         self.flat = flatten_parameters(model)
         self.is_server = self.transport.rank == 0
         if self.is_server:
-            self.server = ServerEndpoint(self.transport, self.flat)
+            # A worker silent this long after the server's reply is hung: the run goes on without it.
+            self.server = ServerEndpoint(
+                self.transport, self.flat, silence_timeout_s=context.config.timeout_s
+            )
         else:
             self.link = WorkerEndpoint(self.transport, self.flat)
 

@@ -13,14 +13,19 @@ Order of service (You, Buluc, Demmel, SC17, section 4):
 Liveness: gloo reports a dead peer only to an operation pending on that peer, and a receive that
 times out closes every connection of the process. So each worker gets a watch thread blocked on a
 second channel; the worker releases it with a goodbye when it finishes, and a crash makes that
-receive fail at once ("connection closed by peer"), which tells the server precisely who was lost
-without ever timing out.
+receive fail at once ("connection closed by peer"), which tells the server precisely who was lost.
+The watch and the listener wait with ``LISTEN_TIMEOUT``, not the group's timeout: they may rightly
+wait a whole run, and a gloo receive that times out would close every connection of the server.
+A worker that is alive but silent (hung) is noticed instead by the first-come-first-served loop:
+once the server has replied to it, it has ``silence_timeout_s`` to send its next message.
 """
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +40,7 @@ DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
 HELLO_WORDS = 2  # numel, dtype code
 TOTALS_WORDS = 5  # PhaseTotals fields, float64
+LISTEN_TIMEOUT = datetime.timedelta(days=365)  # longer than any run: never time out
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,22 @@ class ServerState:
 class ServerEndpoint:
     """Handshake, arrivals (FCFS or round-robin), replies, and worker liveness on the server."""
 
-    def __init__(self, transport: TorchTransport, params: torch.Tensor) -> None:
+    def __init__(
+        self,
+        transport: TorchTransport,
+        params: torch.Tensor,
+        silence_timeout_s: float | None = None,
+    ) -> None:
         self.transport = transport
         self.params = params
         self.state = ServerState(workers=list(range(1, transport.world_size)))
         self._events: queue.Queue = queue.Queue()
         self._receiving = False
+        # Liveness of workers that are alive but silent (FCFS only): when each last sent to us
+        # (receiver thread) and when we last replied to it.
+        self.silence_timeout_s = silence_timeout_s
+        self._heard: dict[int, float] = {}
+        self._replied: dict[int, float] = {}
 
     # -- start -----------------------------------------------------------------------------------
     def handshake(self, initial: torch.Tensor) -> None:
@@ -94,6 +110,7 @@ class ServerEndpoint:
                 )
         for rank in self.state.workers:
             self.transport.send_message(initial, rank, MessageKind.PARAMS)
+            self._replied[rank] = time.monotonic()
         for rank in self.state.workers:
             threading.Thread(target=self._watch, args=(rank,), daemon=True).start()
 
@@ -104,6 +121,7 @@ class ServerEndpoint:
                 src=rank,
                 kinds=frozenset({MessageKind.STOP}),
                 channel=WATCH_CHANNEL,
+                timeout=LISTEN_TIMEOUT,
             )
         except Exception as exc:  # the peer's connection closed: the worker died
             self._events.put(WorkerLost(rank, str(exc).splitlines()[0][:200]))
@@ -124,7 +142,7 @@ class ServerEndpoint:
         workers = set(self.state.workers)
         while workers - said_stop - set(self.state.lost):
             try:
-                msg = self.transport.recv_message(self._buffers(), src=None)
+                msg = self.transport.recv_message(self._buffers(), src=None, timeout=LISTEN_TIMEOUT)
             except TetherError as exc:  # a malformed header: stop serving, report it
                 self._events.put(exc)
                 return
@@ -133,6 +151,7 @@ class ServerEndpoint:
                 continue
             if msg.header.kind is MessageKind.STOP:
                 said_stop.add(msg.header.sender)
+            self._heard[msg.header.sender] = time.monotonic()
             self._events.put(msg)
 
     def _start_receiving(self) -> None:
@@ -158,10 +177,26 @@ class ServerEndpoint:
     def arrivals_fcfs(self) -> Iterator[Message]:
         """Yield data messages in arrival order until every worker stopped or was lost."""
         self._start_receiving()
+        silence = self.silence_timeout_s
         while self.state.active:
-            msg = self._next_event(timeout=None)
+            msg = self._next_event(timeout=None if silence is None else min(1.0, silence / 4))
             if msg is not None:
                 yield msg
+            if silence is not None:
+                self._lose_silent(silence)
+
+    def _lose_silent(self, silence: float) -> None:
+        """Mark lost every worker that, after our last reply, has sent nothing for ``silence``
+        seconds: it is hung (a dead one is reported by its watch). Its later messages are
+        ignored."""
+        now = time.monotonic()
+        for rank in self.state.active:
+            replied = self._replied.get(rank)
+            if replied is None or self._heard.get(rank, -1.0) >= replied:
+                continue  # we owe it a reply: it is waiting for us
+            if now - replied > silence:
+                reason = f"sent nothing for {now - replied:.0f} s after the server's reply (hung?)"
+                self._mark_lost(WorkerLost(rank, reason))
 
     def poll(self, timeout: float) -> list[Message]:
         """For servers that exchange no data messages (Hogwild on shared memory): wait up to
@@ -181,6 +216,8 @@ class ServerEndpoint:
     def _accept(self, msg: Message) -> bool:
         """Book-keeping for every arrival; True for a data message the method must apply."""
         rank = msg.header.sender
+        if rank in self.state.lost:
+            return False  # given up on as hung; its late messages change nothing
         if msg.header.kind is MessageKind.STOP:
             self.state.stopped.add(rank)
             self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
@@ -200,5 +237,6 @@ class ServerEndpoint:
         kind = MessageKind.STOP if stop else MessageKind.PARAMS
         try:
             self.transport.send_message(payload if not stop else payload[:0], rank, kind)
+            self._replied[rank] = time.monotonic()
         except Exception as exc:
             self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))

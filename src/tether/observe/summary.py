@@ -33,6 +33,12 @@ def missing_fields(summary: dict[str, Any]) -> list[str]:
     return sorted(set(missing))
 
 
+def _lost_worker(entry: dict[str, Any]) -> str:
+    """``rank 2 at 14:03:52 (killed by SIGKILL)``; the time is the local clock's."""
+    when = str(entry.get("lost_at", ""))[11:19]  # HH:MM:SS of an ISO time
+    return f"rank {entry.get('rank')}{f' at {when}' if when else ''} ({entry.get('reason', '?')})"
+
+
 def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     target = summary.get("target_accuracy")
     reached = summary.get("time_to_target_s")
@@ -47,5 +53,11 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     if target is not None:
         when = f"after {reached:.1f} s" if reached is not None else "not reached"
         lines.append(f"  target accuracy {target:.2%}: {when}")
+    lost = summary.get("lost_workers") or []
+    if lost:
+        lines.append(
+            "  lost workers (the run carried on without them): "
+            + ", ".join(_lost_worker(entry) for entry in lost)
+        )
     lines.append(f"  run directory: {run_dir}")
     return "\n".join(lines)

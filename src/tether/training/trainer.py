@@ -128,13 +128,16 @@ class Trainer:
         """Server hook, after each update: progress bar, evaluation, checkpoints; True = stop."""
         self.bar.update(max(0, global_step - self.shown_step))
         self.shown_step = max(self.shown_step, global_step)
-        while global_step >= self.next_eval:
+        if global_step >= self.next_eval:
             result = self._evaluate(global_step)
             self.bar.set_postfix(acc=f"{result.accuracy:.3f}", refresh=False)
-            self.next_eval += self.eval_every
+            # Workers that never wait for the server (Hogwild) can pass several evaluation
+            # points during one evaluation: evaluate once, at the newest step.
+            self.next_eval = (global_step // self.eval_every + 1) * self.eval_every
         if self.next_checkpoint is not None and global_step >= self.next_checkpoint:
             self._checkpoint(global_step)
-            self.next_checkpoint += self.config.checkpoint_every
+            every = self.config.checkpoint_every
+            self.next_checkpoint = (global_step // every + 1) * every
         return self.config.stop_at_target and self.time_to_target is not None
 
     def _step_loop(self) -> int:

@@ -1,0 +1,111 @@
+"""Records of worker processes lost during a run that carried on without them.
+
+The supervisor (:mod:`tether.launch.supervise`) writes one ``RUN/lost/rank-R.json`` per lost
+worker: how the process ended, when, and its exception and traceback if it raised. After the run,
+the launcher adds these facts to the server's ``lost_workers`` in ``summary.json`` (the server
+only sees a closed connection) and keeps the tracebacks in ``RUN/failures.log``.
+
+Standard library only: the supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tether.observe.files import atomic_write_json
+
+LOST_DIR = "lost"
+# Written by the server's supervisor when the server exits 0: workers still running after that
+# are of no more use to the run.
+SERVER_FINISHED = ".server-finished"
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def read_error_file(path: str | None) -> dict[str, str]:
+    """The exception that ``@record`` wrote to the elastic error file: message and traceback."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    info = data.get("message", {}) if isinstance(data, dict) else {}
+    if not isinstance(info, dict):
+        return {"message": str(info)}
+    extra = info.get("extraInfo", {})
+    return {
+        "message": str(info.get("message", "")),
+        "traceback": str(extra.get("py_callstack", "")) if isinstance(extra, dict) else "",
+    }
+
+
+def lost_record(rank: int, returncode: int, error: dict[str, str]) -> dict[str, Any]:
+    now = time.time()
+    how = describe_exit(returncode)
+    message = error.get("message", "").strip().splitlines()
+    return {
+        "rank": rank,
+        "returncode": returncode,
+        "exit": how,
+        # The worker's own exception explains more than its exit status.
+        "reason": message[0] if message else how,
+        "time": now,
+        "time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+        "traceback": error.get("traceback", ""),
+    }
+
+
+def write_lost_record(lost_dir: Path, record: dict[str, Any]) -> Path:
+    path = lost_dir / f"rank-{record['rank']}.json"
+    atomic_write_json(path, record)
+    return path
+
+
+def read_lost_records(run_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted((run_dir / LOST_DIR).glob("rank-*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: int(r.get("rank", -1)))
+
+
+def merge_into_summary(summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Add how and when each lost process ended to the server's ``lost_workers``."""
+    entries = {int(e["rank"]): dict(e) for e in summary.get("lost_workers") or []}
+    for record in records:
+        rank = int(record["rank"])
+        entry = entries.setdefault(rank, {"rank": rank})
+        if "reason" in entry:
+            entry["server_reason"] = entry["reason"]  # what the server saw
+        # The process's own end explains more than the closed connection the server saw, except
+        # for a worker the server gave up on as hung and that was killed only afterwards.
+        keep_server = record.get("overstayed") and "server_reason" in entry
+        entry.update(
+            reason=entry["server_reason"] if keep_server else record["reason"],
+            exit=record["exit"] if not record.get("overstayed") else record["reason"],
+            lost_at=record["time_iso"],
+            record=f"{LOST_DIR}/rank-{rank}.json",
+        )
+    summary["lost_workers"] = [entries[rank] for rank in sorted(entries)]
+
+
+def failures_text(records: list[dict[str, Any]]) -> str:
+    return "".join(
+        f"== worker rank {r['rank']} (lost at {r.get('time_iso', '?')}) ==\n"
+        f"{r.get('traceback') or r.get('reason', '')}\n"
+        for r in records
+    )

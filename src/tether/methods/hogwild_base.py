@@ -1,0 +1,157 @@
+"""What hogwild-sgd and hogwild-easgd share: one vector in shared memory that every process of the
+node maps, a board of counters, and a server that only watches (Recht, Re, Wright, Niu, NIPS 2011;
+You, Buluc, Demmel, SC17, "Hogwild EASGD").
+
+Rank 0 creates two files in ``/dev/shm`` (:mod:`tether.methods.shared_memory`): the shared vector
+(hogwild-sgd: the weights; hogwild-easgd: the center variable) and a small int64 *board*::
+
+    board[i]        local steps of worker i      (written only by worker i)
+    board[P + i]    elastic exchanges of worker i (hogwild-easgd)
+    board[2P]       the stop flag                 (written only by the server)
+
+Every slot has a single writer, so the board needs no lock either. Start-up: the server creates
+and fills the files, sends each worker a random token that names them (one message on a setup
+channel, before the ordinary handshake), then runs the handshake. A worker maps the files before
+it says hello, so when the handshake is over every process holds its mappings and the server
+unlinks the names at once: nothing is left behind in ``/dev/shm`` even if a process is killed.
+
+The server computes nothing. Its model's parameters are views into the shared vector, so the
+trainer's evaluation reads the live values. It waits for the workers' goodbyes (which carry their
+timings) and watches their liveness through :meth:`ServerEndpoint.poll`, and every ``POLL_S``
+publishes ``global_step = sum(local steps) // P`` to the trainer's hooks; when they ask to stop it
+raises the flag, which each worker reads after every step.
+
+Across nodes: shared memory spans one node only. :func:`single_node` is the rule: every rank is on
+this node when the launcher's LOCAL_WORLD_SIZE equals WORLD_SIZE (processes started without a
+launcher, such as the test spawn helper, count as one node).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from tether.comm.header import MessageKind
+from tether.errors import TetherError
+from tether.launch.env import DistEnv
+from tether.methods.base import MethodContext
+from tether.methods.flat import flatten_parameters
+from tether.methods.ps_method import ServerHooks, ServerMethod
+from tether.methods.shared_memory import SharedFiles
+
+# Point-to-point channels: 0 data and 1 liveness (ps_server), 2 hogwild-easgd's threaded exchanges.
+SETUP_CHANNEL = 3
+# How often the server publishes progress: often enough for the progress bar and evaluation
+# points, rare enough that the idle server costs the workers nothing.
+POLL_S = 0.015
+
+
+def single_node(env: DistEnv | None = None) -> bool:
+    """True when every rank of the job runs on this node, so shared memory can hold the model."""
+    env = env if env is not None else DistEnv.read()
+    return env.local_world_size == env.world_size
+
+
+class HogwildMethod(ServerMethod):
+    """A server method whose workers meet in shared memory instead of messages."""
+
+    shared_name: ClassVar[str] = "weights"
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        super().__init__(model, context)
+        self.workers = self.computing_workers()
+        self.board: torch.Tensor | None = None  # None until start, or without shared memory
+        self.initial: torch.Tensor | None = None  # worker: the server's weights at start
+        self.stopping = False
+
+    def require_cpu(self) -> None:
+        if self.context.device.type != "cpu":
+            raise TetherError(
+                f"{self.name} keeps its shared vector in host memory: run it on CPU "
+                "(--backend gloo)"
+            )
+
+    # -- start -----------------------------------------------------------------------------------
+    def start_shared(self, step: int) -> torch.Tensor:
+        """Create (server) or map (worker) the shared vector and the board, then run the
+        handshake. Returns the shared vector; a worker finds the initial weights in ``initial``.
+        ``step`` is the first step (non-zero on resume); it replaces ServerMethod.start."""
+        self.local_step = step
+        numel, dtype = self.flat.numel(), self.flat.dtype
+        words = 2 * self.workers + 1
+        run_id = DistEnv.read().run_id
+        token = torch.zeros(1, dtype=torch.int64)
+        if not self.is_server:
+            self.transport.recv_message(
+                token, src=0, kinds=frozenset({MessageKind.HELLO}), channel=SETUP_CHANNEL
+            )
+            files = SharedFiles(run_id, int(token[0]))
+            shared = files.attach(self.shared_name, numel, dtype)
+            self.board = files.attach("board", words, torch.int64)
+            self.board[self.worker_index()] = step
+            self.initial = self.link.handshake()
+            return shared
+        token[0] = secrets.randbits(63)
+        files = SharedFiles(run_id, int(token[0]))
+        try:
+            shared = files.create(self.shared_name, numel, dtype)
+            shared.copy_(self.flat)
+            self.board = files.create("board", words, torch.int64)
+            self.board[: self.workers] = step  # workers resume together at the same step
+            for rank in self.server.state.workers:
+                self.transport.send_message(token, rank, MessageKind.HELLO, channel=SETUP_CHANNEL)
+            # The handshake sends the private copy: a worker that already steps on the shared
+            # vector cannot tear what a later worker receives.
+            self.server.handshake(self.flat)
+        finally:
+            files.unlink()  # every worker mapped the files before its hello
+        # The evaluated model now reads the live shared values.
+        self.flat = flatten_parameters(self.model, storage=shared)
+        return shared
+
+    # -- worker ----------------------------------------------------------------------------------
+    def note_step(self) -> None:
+        """Count a local step where the server can see it."""
+        self.local_step += 1
+        if self.board is not None:
+            self.board[self.worker_index()] = self.local_step
+
+    @property
+    def stop_requested(self) -> bool:
+        if self.is_server:
+            return False
+        if self.board is not None and bool(self.board[2 * self.workers]):
+            return True
+        return self.link.stop_requested
+
+    # -- server ----------------------------------------------------------------------------------
+    def watch(self, hooks: ServerHooks, local_steps: Callable[[], list[int]]) -> None:
+        """Until every worker said goodbye or was lost: collect goodbyes and losses, and publish
+        progress every ``POLL_S`` (and once more after the last goodbye)."""
+        state = self.server.state
+        reported = -1
+        while True:
+            done = not state.active  # read before the steps: the final counts get published
+            state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
+            global_step = state.global_step()
+            if global_step != reported and not self.stopping:
+                reported = global_step
+                if hooks.on_progress(global_step):
+                    self.stopping = True
+                    if self.board is not None:
+                        self.board[2 * self.workers] = 1
+            if done:
+                return
+            if self.server.poll(POLL_S):
+                raise TetherError(
+                    f"a worker sent {self.name}'s server a data message: start every process "
+                    "with the same --method"
+                )
+
+    def board_steps(self) -> list[int]:
+        assert self.board is not None, "start() maps the board"
+        return [int(v) for v in self.board[: self.workers].tolist()]

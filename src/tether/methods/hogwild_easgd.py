@@ -1,0 +1,191 @@
+"""hogwild-easgd: EASGD whose center variable is updated without any lock (You, Buluc, Demmel,
+SC17, "Hogwild EASGD"; Zhang, Choromanska, LeCun, NIPS 2015; Recht et al., NIPS 2011).
+
+Each worker keeps its own flat ``x_i`` and takes plain local steps ``x_i <- x_i - lr*(g + wd*x_i)``.
+Every ``tau`` steps it does the elastic exchange with the center ``c``: ``d = x_i - c``,
+``x_i <- x_i - alpha*d``, ``c <- c + alpha*d`` (``alpha`` from ``--alpha``/``--rho``, else the
+EASGD paper's ``0.9/P``). As in async-easgd no worker ever waits for another; unlike async-easgd,
+the center's updates are not serialized.
+
+On one node (every rank on this node, :func:`~tether.methods.hogwild_base.single_node`) the center
+lives in shared memory and each worker does the exchange itself: it reads the live ``c``, computes
+``d``, moves ``x_i`` and adds ``alpha*d`` into the shared ``c`` in place. No message is sent; the
+exchanges of two workers may interleave element by element. Rank 0 only evaluates ``c`` and
+watches progress and liveness (:mod:`tether.methods.hogwild_base`).
+
+Across nodes (LOCAL_WORLD_SIZE != WORLD_SIZE) shared memory cannot span the ranks, so the center
+stays on rank 0 and is updated lock-free by threads: one server thread per worker receives that
+worker's ``x_i`` (one PARAMS message per exchange, on its own channel), computes ``d = x_i - c``
+with ``c`` as it is at that moment, adds ``alpha*d`` to ``c`` and replies with ``d`` (one DELTA
+message); the worker applies ``x_i <- x_i - alpha*d``. The threads update ``c`` concurrently with
+no lock, so two arrivals may interleave just as on one node. Replying ``d`` rather than ``c`` keeps
+the worker's move the exact opposite of the center's, even when another thread changed ``c`` in
+between, and the thread never sends a tensor that others are writing. The center moves before the
+reply, so a finished exchange is always already in ``c``. Setting the class attribute
+``shared_memory`` forces either mode (the tests run the threaded one on one node).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tether.comm.header import MessageKind
+from tether.errors import TetherError
+from tether.methods.base import MethodContext, StepTimes
+from tether.methods.elastic import elastic_rate
+from tether.methods.hogwild_base import HogwildMethod, single_node
+from tether.methods.local_step import PlainStep
+from tether.methods.ps_method import ServeResult, ServerHooks
+from tether.methods.registry import METHODS
+from tether.observe.metrics import PhaseTotals
+
+EXCHANGE_CHANNEL = 2  # the threaded exchanges; 0 (data) and 1 (liveness) belong to ps_server
+SERVER = 0
+JOIN_S = 5.0  # a server thread ends with its worker's last message or the loss of its connection
+
+
+@METHODS.register(
+    "hogwild-easgd",
+    help="EASGD with a lock-free center (shared memory; server threads across nodes)",
+)
+class HogwildEASGD(HogwildMethod):
+    name = "hogwild-easgd"
+    shared_name = "center"
+    # None: shared memory when every rank is on one node, server threads otherwise.
+    shared_memory: ClassVar[bool | None] = None
+
+    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+        super().__init__(model, context)
+        self.use_shared = single_node() if self.shared_memory is None else self.shared_memory
+        if self.use_shared:
+            self.require_cpu()
+        config = self.config
+        self.alpha = elastic_rate(config, self.workers)
+        self.tau = config.tau
+        self.local = PlainStep(self.flat, config.lr, config.weight_decay)
+        self.center: torch.Tensor | None = None  # a worker's mapping of the shared center
+        self._stop = torch.empty(0, dtype=self.flat.dtype)  # STOP messages carry nothing
+        threaded_worker = not (self.use_shared or self.is_server)
+        self._delta = torch.empty_like(self.flat) if threaded_worker else self._stop
+        # Threaded server: one slot per worker, each written by that worker's thread only.
+        self._steps = [0] * self.workers
+        self._exchanges = [0] * self.workers
+        self._errors: list[TetherError] = []
+
+    def start(self, step: int = 0) -> None:
+        if not self.use_shared:
+            super().start(step)  # the plain handshake: x_i starts at the server's c
+            self._steps = [step] * self.workers
+            return
+        center = self.start_shared(step)
+        if not self.is_server:
+            self.center = center
+            assert self.initial is not None
+            self.flat.copy_(self.initial)
+
+    # -- worker ----------------------------------------------------------------------------------
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
+        start = time.perf_counter()
+        loss = self.local.step(self.model, inputs, targets)
+        self.note_step()
+        times.compute_s += time.perf_counter() - start
+        if self.local_step % self.tau == 0:
+            start = time.perf_counter()
+            self.exchange()
+            times.comm_s += time.perf_counter() - start
+        return loss
+
+    def exchange(self) -> None:
+        """The elastic exchange: in shared memory, or with a server thread."""
+        if self.center is not None:
+            d = self.flat - self.center  # one read of the live c: both moves use this d
+            self.flat.sub_(d, alpha=self.alpha)
+            self.center.add_(d, alpha=self.alpha)  # in place on the shared c, no lock
+            assert self.board is not None
+            self.board[self.workers + self.worker_index()] += 1
+            return
+        self.transport.send_message(
+            self.flat, SERVER, MessageKind.PARAMS, step=self.local_step, channel=EXCHANGE_CHANNEL
+        )
+        buffers = {MessageKind.DELTA: self._delta, MessageKind.STOP: self._stop}
+        msg = self.transport.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+        if msg.header.kind is MessageKind.STOP:
+            self.link.stop_requested = True
+        else:
+            self.flat.sub_(msg.payload, alpha=self.alpha)
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        if not self.is_server and not self.use_shared:
+            # Releases this worker's server thread and tells it the final step count.
+            self.transport.send_message(
+                self._stop, SERVER, MessageKind.STOP, self.local_step, EXCHANGE_CHANNEL
+            )
+        super().finish(totals)
+
+    # -- server ----------------------------------------------------------------------------------
+    def serve(self, hooks: ServerHooks) -> ServeResult:
+        if self.use_shared:
+            self.watch(hooks, self.board_steps)
+            assert self.board is not None
+            exchanges = int(self.board[self.workers : 2 * self.workers].sum())
+        else:
+            threads = [
+                threading.Thread(target=self._serve_worker, args=(rank,), daemon=True)
+                for rank in self.server.state.workers
+            ]
+            for thread in threads:
+                thread.start()
+            self.watch(hooks, self._thread_steps)
+            for thread in threads:
+                thread.join(JOIN_S)
+            exchanges = sum(self._exchanges)
+        return self.result(
+            tau=self.tau, alpha=self.alpha, exchanges=exchanges, shared_memory=self.use_shared
+        )
+
+    def _thread_steps(self) -> list[int]:
+        if self._errors:
+            raise self._errors[0]
+        return list(self._steps)
+
+    def _serve_worker(self, rank: int) -> None:
+        """One worker's exchanges, concurrently with the other workers' threads."""
+        slot = rank - 1
+        buffers = {MessageKind.PARAMS: torch.empty_like(self.flat), MessageKind.STOP: self._stop}
+        try:
+            while True:
+                msg = self.transport.recv_message(buffers, src=rank, channel=EXCHANGE_CHANNEL)
+                self._steps[slot] = msg.header.step
+                if msg.header.kind is MessageKind.STOP:
+                    return
+                if self.stopping:
+                    self._send(self._stop, rank, MessageKind.STOP)
+                    continue
+                d = msg.payload.sub_(self.flat)  # d = x_i - c, with c as it is right now
+                self.move_center(d)
+                self._send(d, rank, MessageKind.DELTA)
+                self._exchanges[slot] += 1
+        except TetherError as exc:  # a malformed message: the main thread fails the run
+            self._errors.append(exc)
+        except Exception:
+            return  # the worker's connection closed: its liveness watch reports the loss
+
+    def _send(self, payload: torch.Tensor, rank: int, kind: MessageKind) -> None:
+        self.transport.send_message(payload, rank, kind, channel=EXCHANGE_CHANNEL)
+
+    def move_center(self, d: torch.Tensor) -> None:
+        """``c <- c + alpha*d`` in place, concurrently with the other threads: no lock."""
+        self.flat.add_(d, alpha=self.alpha)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"local": self.local.state_dict()} if not self.is_server else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "local" in state and not self.is_server:
+            self.local.load_state_dict(state["local"])

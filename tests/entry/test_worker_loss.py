@@ -1,0 +1,153 @@
+"""Asynchronous methods survive a lost worker: the run completes and records the loss.
+
+End to end through `tether train` (torch's elastic agent, one supervisor per worker slot, real
+faults injected into rank 2), plus the supervisor's own decisions on tiny child programs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_fashion_mnist, run_cli
+
+ASYNC = ["--method", "async-easgd", "--workers", "3", "--batch-size", "32", "--no-progress"]
+STEPS = 150
+FAULT = ["--set", "fault_rank=2", "--set", "fault_step=20"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (the run directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def _lost_run(run: Path, kind: str, timeout: str = "20") -> tuple[dict, str, str, float]:
+    args = [*ASYNC, "--steps", str(STEPS), "--eval-every", "50", "--timeout", timeout]
+    result = run_cli("train", *args, *FAULT, "--set", f"fault_kind={kind}", "--out", str(run))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _processes_mentioning(str(run)) == []  # every worker and supervisor is gone
+    summary = json.loads((run / "summary.json").read_text())
+    # The server carried on with ranks 1 and 3: it stopped when they finished their steps.
+    assert [w["rank"] for w in summary["lost_workers"]] == [2]
+    assert 20 < summary["steps"] <= STEPS
+    assert summary["history"][-1]["step"] == summary["steps"]
+    assert summary["final_test_accuracy"] > 0.3  # chance is 0.1
+    assert "lost workers" in result.stdout and "rank 2" in result.stdout
+    record = json.loads((run / "lost" / "rank-2.json").read_text())
+    assert record["rank"] == 2
+    return summary["lost_workers"][0], result.stdout, result.stderr, result.seconds
+
+
+@requires_fashion_mnist
+def test_killed_worker_is_recorded_and_the_run_completes(tmp_path: Path) -> None:
+    lost, stdout, stderr, seconds = _lost_run(tmp_path / "run", "kill")
+    assert lost["reason"] == "killed by SIGKILL" and lost["exit"] == "killed by SIGKILL"
+    assert "Connection closed" in lost["server_reason"]  # the server's watch saw it die
+    assert "rank 2 at " in stdout and "(killed by SIGKILL)" in stdout
+    assert "worker rank 2 lost (killed by SIGKILL)" in stderr
+    assert seconds < 60, seconds
+
+
+@requires_fashion_mnist
+def test_worker_exception_is_a_lost_worker_with_its_traceback_kept(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    lost, stdout, stderr, seconds = _lost_run(run, "raise")
+    assert lost["reason"] == "RuntimeError: injected fault at step 20"
+    assert lost["exit"] == "exited with code 1"
+    assert "RuntimeError: injected fault at step 20" in stdout
+    assert "Traceback" not in stderr  # one line on the console; the traceback is kept
+    for kept in (run / "failures.log", run / "lost" / "rank-2.json"):
+        text = kept.read_text()
+        assert "Traceback" in text and "_maybe_inject_fault" in text, kept
+    assert seconds < 60, seconds
+
+
+@requires_fashion_mnist
+def test_hung_worker_is_given_up_and_stopped(tmp_path: Path) -> None:
+    # Rank 2 stops sending at step 20: after --timeout seconds of silence the server goes on
+    # without it, and its process is killed once the server has finished.
+    lost, _, _, seconds = _lost_run(tmp_path / "run", "hang", timeout="5")
+    assert "hung" in lost["reason"] and lost["exit"].startswith("killed")
+    assert seconds < 60, seconds
+
+
+@requires_fashion_mnist
+def test_healthy_run_longer_than_the_timeout_loses_nobody(tmp_path: Path) -> None:
+    # The server's liveness watches wait for a whole run; they must not time out with --timeout.
+    run = tmp_path / "run"
+    args = [*ASYNC, "--steps", str(STEPS), "--eval-every", "50", "--timeout", "3"]
+    result = run_cli("train", *args, "--out", str(run))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["wall_time_s"] > 3  # otherwise this test proves nothing
+    assert summary["lost_workers"] == [] and summary["steps"] == STEPS
+    assert "lost workers" not in result.stdout and not (run / "lost" / "rank-1.json").exists()
+
+
+# -- the supervisor on its own: tiny child programs, no torch ------------------------------------
+def _supervise(
+    tmp_path: Path, rank: int, code: str, lost: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RANK": str(rank), "TORCHELASTIC_ERROR_FILE": str(tmp_path / "err.json")}
+    cmd = [sys.executable, "-m", "tether.launch.supervise"]
+    cmd += ["--lost-dir", str(tmp_path / "lost")] if lost else []
+    cmd += ["--", sys.executable, "-c", code]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_supervisor_hides_a_worker_failure_and_records_it(tmp_path: Path) -> None:
+    error = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "TB"}}}
+    code = f"import json; json.dump({error!r}, open({str(tmp_path / 'err.json')!r}, 'w')); exit(3)"
+    proc = _supervise(tmp_path, 1, code)
+    assert proc.returncode == 0
+    record = json.loads((tmp_path / "lost" / "rank-1.json").read_text())
+    assert record["reason"] == "ValueError: boom" and record["traceback"] == "TB"
+    assert record["exit"] == "exited with code 3"
+
+
+@pytest.mark.parametrize("rank, lost", [(0, True), (1, False)])
+def test_supervisor_passes_on_other_failures(tmp_path: Path, rank: int, lost: bool) -> None:
+    # The server's failure (or any failure without --lost-dir) ends the run as before: same
+    # exit code, and a child killed by a signal makes the supervisor die by the same signal.
+    assert _supervise(tmp_path, rank, "exit(3)", lost).returncode == 3
+    killed = _supervise(tmp_path, rank, "import os; os.kill(os.getpid(), 9)", lost)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "lost" / f"rank-{rank}.json").exists()
+
+
+def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "1"}
+    marker = tmp_path / "started"
+    code = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--lost-dir", str(tmp_path / "lost")]
+    proc = subprocess.Popen([*cmd, "--", sys.executable, "-c", code], env=env)
+    try:
+        for _ in range(200):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        assert marker.exists()
+        proc.send_signal(signal.SIGTERM)
+        # The child died of the forwarded SIGTERM, and so does the supervisor: a stop, not a loss.
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    assert not (tmp_path / "lost").exists()
+    assert _processes_mentioning(str(marker)) == []
