@@ -1,0 +1,156 @@
+"""Run a :class:`Schedule` over torch.distributed point-to-point, and the uniform interface.
+
+Every algorithm of this package is a :class:`Collective`: it builds schedules, and this module
+runs them with raw ``isend``/``irecv`` of tensor chunks (through ``dist.batch_isend_irecv``, which
+on gloo is exactly one ``isend``/``irecv`` per step, and on NCCL groups a round's operations so
+that two ranks exchanging in one round cannot deadlock). Sizes come from the schedule, known to
+both sides, so no header travels; a reduced chunk is received into a buffer of exactly its size.
+
+Collectives use tags ``COLLECTIVE_TAG + round % TAG_SPAN``, apart from the parameter-server
+protocol's 7001/7002 (+10 per channel), so the two never match each other's messages; distinct
+tags for consecutive rounds keep a rank that runs ahead from matching an earlier round. As in MPI,
+every rank of a group calls the same collectives in the same order, one at a time. On NCCL,
+whose first batched point-to-point call on a group must involve every rank, make one ordinary
+collective call (a barrier) on the group before the first schedule runs.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from tether.comm.collectives.schedule import Schedule, chunk_bounds
+from tether.errors import TetherError
+
+COLLECTIVE_TAG = 8000
+TAG_SPAN = 1000
+KINDS = ("all_reduce", "broadcast", "reduce")
+OPS = ("sum", "avg", "max", "min")
+
+
+def check_op(op: str, dtype: torch.dtype) -> None:
+    """Refuse an unknown op, or ``avg`` of an integer tensor, before anything is sent."""
+    if op not in OPS:
+        raise TetherError(f"unknown reduce op {op!r}; valid ops: {', '.join(OPS)}")
+    if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
+        raise TetherError(f"op 'avg' needs a floating-point tensor, got {dtype}; use 'sum'")
+
+
+def combine(target: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
+    """``target <- op(target, incoming)`` in place (``avg`` sums; the caller divides)."""
+    if op in ("sum", "avg"):
+        target.add_(incoming)
+    elif op == "max":
+        torch.maximum(target, incoming, out=target)
+    else:
+        torch.minimum(target, incoming, out=target)
+
+
+def run_schedule(
+    schedule: Schedule, flat: torch.Tensor, op: str, group: dist.ProcessGroup | None
+) -> None:
+    """Execute this rank's part of ``schedule`` on the contiguous 1-D tensor ``flat``."""
+    assert flat.dim() == 1 and flat.is_contiguous(), "collectives run on flat contiguous tensors"
+    rank = dist.get_rank(group)
+    assert schedule.world_size == dist.get_world_size(group), "schedule built for another group"
+    bounds = chunk_bounds(flat.numel(), schedule.chunks)
+    for r, steps in enumerate(schedule.by_round):
+        tag = COLLECTIVE_TAG + r % TAG_SPAN
+        ops: list[dist.P2POp] = []
+        reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for s in steps:
+            if rank not in (s.src, s.dst):
+                continue
+            view = flat[bounds[s.indices[0]][0] : bounds[s.indices[-1]][1]]
+            if view.numel() == 0:  # both sides see the same empty chunk: nothing to move
+                continue
+            if s.src == rank:
+                ops.append(dist.P2POp(dist.isend, view, group=group, tag=tag, group_peer=s.dst))
+            elif s.op == "copy":
+                ops.append(dist.P2POp(dist.irecv, view, group=group, tag=tag, group_peer=s.src))
+            else:
+                incoming = torch.empty_like(view)
+                reductions.append((view, incoming))
+                ops.append(dist.P2POp(dist.irecv, incoming, group=group, tag=tag, group_peer=s.src))
+        if not ops:
+            continue
+        # Every handle is waited on before the round's buffers (held by ``ops``) are released.
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        for view, incoming in reductions:
+            combine(view, incoming, op)
+
+
+class Collective:
+    """A collective algorithm: builds :class:`Schedule` s and runs them in place.
+
+    Subclasses set ``name`` and ``kinds`` (the operations they implement) and ``build``."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+
+    def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def schedule(self, world_size: int, n: int, kind: str | None = None, root: int = 0) -> Schedule:
+        """The schedule of ``kind`` (default: the first of ``kinds``) for ``n`` elements."""
+        kind = kind or self.kinds[0]
+        self._check_kind(kind)
+        if not 0 <= root < world_size:
+            raise TetherError(f"root {root} is not a rank of a group of {world_size}")
+        return self.build(kind, world_size, n, root)
+
+    def _check_kind(self, kind: str) -> None:
+        if kind not in self.kinds:
+            raise TetherError(
+                f"collective {self.name!r} does not implement {kind}; it implements "
+                f"{', '.join(self.kinds)}"
+            )
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Reduce ``tensor`` over the group, in place; every rank ends with the same result."""
+        self._run("all_reduce", tensor, op, 0, group)
+
+    def broadcast(
+        self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s (a rank within ``group``)."""
+        self._run("broadcast", tensor, "sum", src, group)
+
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        op: str = "sum",
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        """Reduce into ``tensor`` on rank ``dst``; elsewhere ``tensor`` ends unspecified."""
+        self._run("reduce", tensor, op, dst, group)
+
+    def _run(
+        self, kind: str, tensor: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
+    ) -> None:
+        self._check_kind(kind)
+        check_op(op, tensor.dtype)
+        world = dist.get_world_size(group)
+        if not 0 <= root < world:
+            raise TetherError(f"root {root} is not a rank of a group of {world}")
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+        self.execute(kind, flat, op, root, group)
+        if op == "avg" and (kind == "all_reduce" or dist.get_rank(group) == root):
+            flat.div_(world)
+        if not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
+
+    def execute(
+        self, kind: str, flat: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
+    ) -> None:
+        schedule = self.schedule(dist.get_world_size(group), flat.numel(), kind, root)
+        run_schedule(schedule, flat, op, group)

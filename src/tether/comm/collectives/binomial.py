@@ -1,0 +1,63 @@
+"""Binomial-tree reduce and broadcast, and all-reduce as reduce followed by broadcast.
+
+Thakur, Rabenseifner and Gropp 2005, "Optimization of collective communication operations in
+MPICH" (IJHPCA 19(1)), sections 3-4. With ranks renumbered relative to the root, in reduce round
+k the rank whose lowest set bit is bit k sends its partial result to ``rel - 2^k``; broadcast runs
+the same tree top down. Each takes ``ceil(log2 P)`` rounds: ``ceil(log2 P)*(a + n*b [+ n*g])``
+(ALGORITHMS.md section 2; the tree of the paper's sync EASGD). The result is reduced at the root
+and copied out, so an all-reduce ends bitwise identical on all ranks.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.schedule import Schedule, Step
+
+
+def _levels(world_size: int) -> int:
+    return (world_size - 1).bit_length()  # ceil(log2 P)
+
+
+@lru_cache(maxsize=64)
+def binomial_reduce(world_size: int, root: int) -> Schedule:
+    p, steps = world_size, []
+    for k in range(_levels(p)):
+        mask = 1 << k
+        for rel in range(mask, p, 2 * mask):
+            steps.append(Step(k, (rel + root) % p, (rel - mask + root) % p, 0, "reduce"))
+    return Schedule("binomial-reduce", p, tuple(steps), root=root)
+
+
+@lru_cache(maxsize=64)
+def binomial_broadcast(world_size: int, root: int, first_round: int = 0) -> Schedule:
+    p, levels, steps = world_size, _levels(world_size), []
+    for k in range(levels):
+        mask = 1 << (levels - 1 - k)
+        for rel in range(0, p - mask, 2 * mask):
+            steps.append(
+                Step(first_round + k, (rel + root) % p, (rel + mask + root) % p, 0, "copy")
+            )
+    return Schedule("binomial-broadcast", p, tuple(steps), root=root)
+
+
+@lru_cache(maxsize=64)
+def binomial_all_reduce(world_size: int) -> Schedule:
+    levels = _levels(world_size)
+    steps = binomial_reduce(world_size, 0).steps + binomial_broadcast(world_size, 0, levels).steps
+    return Schedule("binomial", world_size, steps)
+
+
+class Binomial(Collective):
+    """Binomial-tree reduce and broadcast; all-reduce = reduce + broadcast (MPICH)."""
+
+    name = "binomial"
+    kinds = ("all_reduce", "broadcast", "reduce")
+
+    def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
+        if kind == "all_reduce":
+            return binomial_all_reduce(world_size)
+        if kind == "reduce":
+            return binomial_reduce(world_size, root)
+        return binomial_broadcast(world_size, root)

@@ -1,0 +1,153 @@
+"""Collectives as data: a schedule of point-to-point steps, its alpha-beta-gamma cost, a simulator.
+
+Every algorithm in this package is one :class:`Schedule` (DESIGN.md convention 6): the executor
+in :mod:`tether.comm.collectives.base` runs it over torch.distributed, :func:`cost` prices it and
+:func:`simulate` runs it on plain tensors, so tests, the cost model and the simulator share one
+definition.
+
+Semantics. The flat vector of ``n`` elements is split into ``chunks`` nearly equal contiguous
+chunks (the first ``n % chunks`` one element longer, as :func:`torch.tensor_split`). A
+``Step(round, src, dst, chunk, op)`` sends ``src``'s copy of the chunk(s) to ``dst``, which
+overwrites (``copy``) or combines (``reduce``) its own copy. Within a round every send reads the
+value at the start of the round. In each round a rank sends at most one message and receives at
+most one (the single-port, full-duplex model of Thakur, Rabenseifner and Gropp 2005,
+"Optimization of collective communication operations in MPICH"), so the cost of a round is that
+of its most expensive step: ``a + m*b`` plus ``m*g`` for a reduction of ``m`` bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import torch
+
+StepOp = Literal["copy", "reduce"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """In round ``round``, ``src`` sends chunk ``chunk`` (an index, or a tuple of consecutive
+    indices sent as one message) to ``dst``, which copies it or reduces it into its own."""
+
+    round: int
+    src: int
+    dst: int
+    chunk: int | tuple[int, ...]
+    op: StepOp
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return (self.chunk,) if isinstance(self.chunk, int) else self.chunk
+
+
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each of ``chunks`` nearly equal pieces of ``n`` elements."""
+    base, extra = divmod(n, chunks)
+    bounds, start = [], 0
+    for i in range(chunks):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective algorithm as data: ``steps`` over ``world_size`` ranks and ``chunks`` chunks.
+
+    ``root`` is the source of a broadcast or the destination of a reduce (None for all-reduce).
+    """
+
+    name: str
+    world_size: int
+    steps: tuple[Step, ...]
+    chunks: int = 1
+    root: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def num_rounds(self) -> int:
+        return 1 + max((s.round for s in self.steps), default=-1)
+
+    @cached_property
+    def by_round(self) -> tuple[tuple[Step, ...], ...]:
+        rounds: list[list[Step]] = [[] for _ in range(self.num_rounds)]
+        for step in self.steps:
+            rounds[step.round].append(step)
+        return tuple(tuple(r) for r in rounds)
+
+    def links(self) -> set[tuple[int, int]]:
+        """The directed links ``(src, dst)`` the schedule uses."""
+        return {(s.src, s.dst) for s in self.steps}
+
+    def step_elements(self, step: Step, n: int) -> int:
+        bounds = chunk_bounds(n, self.chunks)
+        return sum(bounds[i][1] - bounds[i][0] for i in step.indices)
+
+    def elements_sent(self, n: int) -> list[int]:
+        """Elements each rank sends for a vector of ``n`` elements (exact chunk rounding)."""
+        sent = [0] * self.world_size
+        for step in self.steps:
+            sent[step.src] += self.step_elements(step, n)
+        return sent
+
+    def bytes_sent(self, n: int, element_size: int) -> list[int]:
+        """Bytes each rank sends for a vector of ``n`` elements of ``element_size`` bytes."""
+        return [e * element_size for e in self.elements_sent(n)]
+
+    def validate(self) -> None:
+        for r, steps in enumerate(self.by_round):
+            senders = [s.src for s in steps]
+            receivers = [s.dst for s in steps]
+            assert len(set(senders)) == len(senders), f"{self.name}: round {r} sends twice"
+            assert len(set(receivers)) == len(receivers), f"{self.name}: round {r} receives twice"
+            sent = {s.src: set(s.indices) for s in steps}
+            for s in steps:
+                ids = s.indices
+                assert 0 <= s.src < self.world_size and 0 <= s.dst < self.world_size
+                assert s.src != s.dst and s.round >= 0 and s.op in ("copy", "reduce")
+                assert ids and list(ids) == list(range(ids[0], ids[0] + len(ids)))
+                assert ids[0] >= 0 and ids[-1] < self.chunks, f"{self.name}: chunk out of range"
+                # a copy received into a chunk the receiver is sending would race with the send
+                assert s.op == "reduce" or not sent.get(s.dst, set()) & set(ids)
+
+
+def cost(schedule: Schedule, n_bytes: float, alpha: float, beta: float, gamma: float) -> float:
+    """Alpha-beta-gamma time of ``schedule`` for a vector of ``n_bytes`` bytes (seconds if the
+    parameters are): each round costs its most expensive step, chunks are ``n/chunks`` bytes
+    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2."""
+    total = 0.0
+    for steps in schedule.by_round:
+        worst = 0.0
+        for s in steps:
+            m = n_bytes * len(s.indices) / schedule.chunks
+            worst = max(worst, alpha + m * beta + (m * gamma if s.op == "reduce" else 0.0))
+        total += worst
+    return total
+
+
+def simulate(
+    schedule: Schedule,
+    inputs: Sequence[torch.Tensor],
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.add,
+) -> list[torch.Tensor]:
+    """Run ``schedule`` on one flat tensor per rank in this process; returns the final tensors.
+
+    The reference semantics of a schedule (sends read start-of-round values), used by unit tests
+    and by the simulator."""
+    assert len(inputs) == schedule.world_size
+    state = [t.clone() for t in inputs]
+    bounds = chunk_bounds(inputs[0].numel(), schedule.chunks)
+    for steps in schedule.by_round:
+        snapshot = [t.clone() for t in state]
+        for s in steps:
+            lo, hi = bounds[s.indices[0]][0], bounds[s.indices[-1]][1]
+            incoming = snapshot[s.src][lo:hi]
+            target = state[s.dst][lo:hi]
+            target.copy_(incoming if s.op == "copy" else combine(target, incoming))
+    return state

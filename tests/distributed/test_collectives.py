@@ -1,0 +1,161 @@
+"""Every collective algorithm against the naive oracle and the backend's own, on real gloo groups
+of 2, 3 and 4 ranks (one spawned group per size; DESIGN.md convention 4).
+
+Tolerances. Integer sums, max and broadcasts must be exact. Float sums are compared elementwise
+with ``|a - b| <= 2 * gamma_P * sum_r |x_r|`` (divided by P for avg), ``gamma_P = P*u / (1 - P*u)``
+with ``u`` the unit roundoff (2^-24 fp32, 2^-53 fp64, 2^-8 bf16): the worst-case error bound of
+summing P terms in any order (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed.,
+section 4.2), twice because both sides round. For P = 4 that is about 4.8e-7 of sum |x| in fp32
+and 3.2e-2 in bf16. Our algorithms must also leave every rank bitwise identical.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tether.comm.collectives import COLLECTIVES, collectives_for
+from tether.comm.collectives.chain import Chain
+from tether.errors import TetherError
+from tether.launch.spawn import run_spawned
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.bfloat16: 2.0**-8}
+ALL_REDUCE = [n for n in collectives_for("all_reduce") if n not in ("naive", "native")]
+BROADCAST = [COLLECTIVES.get(n) for n in collectives_for("broadcast") if n != "native"]
+BROADCAST.append(Chain(chunks=5))  # uneven chunks, and more chunks than elements for short n
+
+
+def _data(seed: int, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.int64:
+        return torch.randint(-(10**6), 10**6, (n,), generator=g)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _lengths(world: int) -> list[int]:
+    return sorted({1, world - 1, 7, 1000, 100_000})
+
+
+class Checks:
+    """Collects failures instead of raising, so that every rank keeps making the same calls."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failures: list[str] = []
+
+    def expect(self, ok: bool, what: str) -> None:
+        self.count += 1
+        if not ok:
+            self.failures.append(what)
+
+
+def _close(ours, ref, op, world, abs_sum) -> bool:
+    if ours.dtype == torch.int64 or op == "max":
+        return torch.equal(ours, ref)
+    u = UNIT_ROUNDOFF[ours.dtype]
+    bound = 2 * (world * u / (1 - world * u)) * abs_sum / (world if op == "avg" else 1)
+    return bool(((ours.double() - ref.double()).abs() <= bound).all())
+
+
+def _identical_everywhere(result: torch.Tensor) -> bool:
+    first = result.clone()
+    dist.broadcast(first, group_src=0)
+    flag = torch.tensor([int(torch.equal(first, result))])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _run(name, kind, data, op="sum", root=0, group=None) -> torch.Tensor:
+    collective = COLLECTIVES.get(name) if isinstance(name, str) else name
+    tensor = data.clone()
+    if kind == "all_reduce":
+        collective.all_reduce(tensor, op, group=group)
+    elif kind == "reduce":
+        collective.reduce(tensor, root, op, group=group)
+    else:
+        collective.broadcast(tensor, root, group=group)
+    return tensor
+
+
+def _all_reduces(rank: int, world: int, checks: Checks) -> None:
+    seed = 0
+    for n in _lengths(world):
+        for dtype in DTYPES:
+            ops = ("sum", "max") if dtype == torch.int64 else ("sum", "avg", "max")
+            for op in ops:
+                seed += 1
+                inputs = [_data(seed, r, n, dtype) for r in range(world)]
+                abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
+                naive = _run("naive", "all_reduce", inputs[rank], op)
+                native = _run("native", "all_reduce", inputs[rank], op)
+                for name in ALL_REDUCE:
+                    ours = _run(name, "all_reduce", inputs[rank], op)
+                    case = f"{name} all_reduce P={world} n={n} {dtype} {op}"
+                    checks.expect(_close(ours, naive, op, world, abs_sum), f"{case} vs naive")
+                    checks.expect(_close(ours, native, op, world, abs_sum), f"{case} vs native")
+                    checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
+                checks.expect(_close(naive, native, op, world, abs_sum), f"naive vs native {n}")
+
+
+def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
+    root = world - 1  # a non-zero root
+    for n in _lengths(world):
+        for dtype in DTYPES:
+            data = _data(7, rank, n, dtype)
+            native = _run("native", "broadcast", data, root=root)
+            for collective in BROADCAST:
+                ours = _run(collective, "broadcast", data, root=root)
+                what = f"{collective} broadcast P={world} n={n} {dtype}"
+                checks.expect(torch.equal(ours, native), what)
+            for op in ("sum", "max"):
+                inputs = [_data(11, r, n, dtype) for r in range(world)]
+                abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
+                native = _run("native", "reduce", inputs[rank], op, root)
+                for name in ("naive", "binomial"):
+                    ours = _run(name, "reduce", inputs[rank], op, root)
+                    if rank == root:
+                        ok = _close(ours, native, op, world, abs_sum)
+                        checks.expect(ok, f"{name} reduce P={world} n={n} {dtype} {op}")
+
+
+def _odd_cases(rank: int, world: int, checks: Checks) -> None:
+    try:  # refused on every rank before anything is sent
+        COLLECTIVES.get("ring").all_reduce(torch.ones(3, dtype=torch.int64), "avg")
+        checks.expect(False, "avg of int64 accepted")
+    except TetherError as exc:
+        checks.expect("needs a floating-point tensor" in str(exc), str(exc))
+    matrix = (torch.arange(12.0).reshape(3, 4) * (rank + 1)).t()  # not contiguous
+    COLLECTIVES.get("ring").all_reduce(matrix)
+    expected = torch.arange(12.0).reshape(3, 4).t() * (world * (world + 1) / 2)
+    checks.expect(torch.equal(matrix, expected), "non-contiguous all_reduce")
+    if world > 2:  # a subgroup whose group ranks differ from the global ones
+        members = list(range(1, world))
+        sub = dist.new_group(members)
+        if rank in members:
+            value = torch.full((5,), float(rank))
+            for name in ("ring", "halving-doubling", "recursive-doubling", "binomial"):
+                out = _run(name, "all_reduce", value, group=sub)
+                checks.expect(torch.equal(out, torch.full((5,), float(sum(members)))), name)
+            out = _run(Chain(chunks=2), "broadcast", value, root=1, group=sub)
+            checks.expect(torch.equal(out, torch.full((5,), float(members[1]))), "sub chain")
+
+
+def _everything(rank: int, world: int) -> dict:
+    start = time.perf_counter()
+    checks = Checks()
+    _all_reduces(rank, world, checks)
+    _broadcasts_and_reduces(rank, world, checks)
+    _odd_cases(rank, world, checks)
+    return {"checks": checks.count, "failures": checks.failures, "s": time.perf_counter() - start}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_collective_against_naive_and_native(world: int) -> None:
+    results = run_spawned(_everything, world, timeout_s=30)
+    for rank, result in enumerate(results):
+        assert result["failures"] == [], f"rank {rank}: {result['failures'][:10]}"
+        assert result["checks"] > 100
