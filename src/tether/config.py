@@ -28,7 +28,7 @@ FAULT_KINDS = ("raise", "kill", "hang")
 class TrainConfig:
     """Everything that defines a training run. Field names are the TOML keys and ``--set`` keys."""
 
-    method: str = "sync-sgd"
+    method: str = "sync-easgd"
     workers: int = 2
     model: str = "lenet5"
     dataset: str = "fashion-mnist"

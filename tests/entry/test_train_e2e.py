@@ -22,7 +22,8 @@ from tests.conftest import requires_fashion_mnist, run_cli
 from tether.observe.summary import missing_fields
 
 pytestmark = requires_fashion_mnist
-COMMON = ["--workers", "2", "--batch-size", "32", "--no-progress", "--timeout", "20"]
+COMMON = ["--method", "sync-sgd", "--workers", "2", "--batch-size", "32", "--no-progress"]
+COMMON += ["--timeout", "20"]
 
 
 def _check_run_dir(run: Path, steps: int) -> dict:
@@ -99,7 +100,8 @@ def test_torchrun_runs_the_same_worker_entry(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun is not None
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "tether.run"]
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "tether.run", "--method"]
+    cmd += ["sync-sgd"]
     cmd += ["--batch-size", "32", "--no-progress", "--steps", "12", "--eval-every", "6"]
     proc = subprocess.run(
         [*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, env=env
