@@ -53,6 +53,10 @@ class TrainingMethod(ABC):
     name: ClassVar[str]
     # Extra processes beyond the computing workers (a parameter server takes one).
     server_processes: ClassVar[int] = 0
+    # Whether the workers stand still while the model is evaluated (collective evaluation, or a
+    # server that does not answer while it evaluates). Only then is evaluation time left out
+    # of the training time in the history.
+    evaluation_pauses_workers: ClassVar[bool] = True
     # Config values this method uses unless the user sets them (tuned per method: see the
     # method's docstring for the measurement behind them).
     defaults: ClassVar[dict[str, Any]] = {}

@@ -60,6 +60,8 @@ class HogwildMethod(ServerMethod):
     """A server method whose workers meet in shared memory instead of messages."""
 
     shared_name: ClassVar[str] = "weights"
+    # The workers never wait for the server, so they keep training while it evaluates.
+    evaluation_pauses_workers: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         super().__init__(model, context)

@@ -205,10 +205,12 @@ class Trainer:
             None if self.has_server else self.transport,
             self.device,
         )
-        self.eval_s += time.perf_counter() - begin
+        if self.method.evaluation_pauses_workers:
+            self.eval_s += time.perf_counter() - begin
         entry = {
             # Training time: evaluation pauses are not counted, so methods that evaluate on a
-            # server and methods that evaluate on every worker are timed alike.
+            # server and methods that evaluate on every worker are timed alike (Hogwild workers
+            # do not pause, so there nothing is subtracted).
             "time_s": self._elapsed() - self.eval_s,
             "step": step,
             "epoch": step / self.sampler.steps_per_epoch,
