@@ -40,6 +40,7 @@ def test_async_easgd_resumes_the_center_with_another_worker_count(tmp_path: Path
         "--checkpoint-every",
         "10",
     ]
+    args += ["--tau", "1"]  # an exchange every step (the method's default tau is 4)
     result = run_cli("train", *COMMON, *args, "--out", str(run))
     assert result.returncode == 0, result.stderr
     first = _summary(run)

@@ -23,7 +23,7 @@ from tether.observe.summary import missing_fields
 
 pytestmark = requires_fashion_mnist
 COMMON = ["--method", "sync-sgd", "--workers", "2", "--batch-size", "32", "--no-progress"]
-COMMON += ["--timeout", "20"]
+COMMON += ["--timeout", "20", "--lr", "0.05"]
 
 
 def _check_run_dir(run: Path, steps: int) -> dict:

@@ -28,7 +28,13 @@ def average_(flat: torch.Tensor, transport) -> None:
 
 @METHODS.register("local-sgd", help="local momentum SGD, replicas averaged every tau steps")
 class LocalSGD(TrainingMethod):
+    """Default lr 0.05, tau 4: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in
+    8.0-8.3 s against 7.8-10.1 s at lr 0.1 (same step count), 10.3-12.2 s with tau 1 and 14.6 s
+    at lr 0.2 (benchmarks/results/method_defaults_sweep.md).
+    """
+
     name = "local-sgd"
+    defaults = {"lr": 0.05, "tau": 4}
 
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         super().__init__(model, context)

@@ -83,7 +83,7 @@ class ServerMethod(TrainingMethod):
 
     def finish(self, totals: PhaseTotals | None) -> None:
         if not self.is_server:
-            self.link.goodbye(totals or PhaseTotals())
+            self.link.goodbye(totals or PhaseTotals(), self.local_step)
 
     def result(self, **extra: Any) -> ServeResult:
         state = self.server.state

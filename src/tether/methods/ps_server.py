@@ -221,6 +221,11 @@ class ServerEndpoint:
         if msg.header.kind is MessageKind.STOP:
             self.state.stopped.add(rank)
             self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
+            # The goodbye carries the worker's final step: steps after its last exchange count.
+            if msg.header.step:
+                self.state.local_steps[rank] = max(
+                    self.state.local_steps.get(rank, 0), msg.header.step
+                )
             return False
         self.state.local_steps[rank] = msg.header.step
         self.state.arrivals.append(rank)

@@ -46,10 +46,10 @@ class WorkerEndpoint:
             self.stop_requested = True
         return msg.payload
 
-    def goodbye(self, totals: PhaseTotals) -> None:
+    def goodbye(self, totals: PhaseTotals, step: int = 0) -> None:
         """Report this worker's timings, then release the server's liveness watch."""
         self.transport.send_message(
-            totals.as_tensor(), SERVER, MessageKind.STOP, channel=DATA_CHANNEL
+            totals.as_tensor(), SERVER, MessageKind.STOP, step=step, channel=DATA_CHANNEL
         )
         empty = torch.empty(0, dtype=torch.int64)
         self.transport.send_message(empty, SERVER, MessageKind.STOP, channel=WATCH_CHANNEL)
