@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_methods import ForeignLoad
 from bench_sync_sgd import NOTES_MARKER, machine, machine_slug
 
 # name -> (method, --set overrides)
@@ -108,12 +109,15 @@ def shown(argv: list[str]) -> str:
     return shlex.join(words)
 
 
-def run_variant(args: argparse.Namespace, variant: str, workers: int, tmp: Path) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, variant: str, workers: int, tmp: Path, foreign: ForeignLoad
+) -> dict[str, Any]:
     out = tmp / f"{variant.replace(' ', '_').replace('=', '-')}-{workers}w-{time.monotonic_ns()}"
     argv = train_argv(args, variant, workers, out)
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
+    end = time.perf_counter()
+    wall = end - start
     if proc.returncode != 0:
         raise SystemExit(f"{shown(argv)} failed (exit {proc.returncode}):\n{proc.stderr}")
     s = json.loads((out / "summary.json").read_text())
@@ -130,21 +134,25 @@ def run_variant(args: argparse.Namespace, variant: str, workers: int, tmp: Path)
         "train_s": train_s,
         "command_s": wall,
         "split": {k: v / workers for k, v in s["time_split_s"].items()},
+        "foreign_cores": foreign.cores(start, end),
     }
 
 
-def measure(args: argparse.Namespace, workers: int, tmp: Path) -> dict[str, list[dict]]:
+def measure(
+    args: argparse.Namespace, workers: int, tmp: Path, foreign: ForeignLoad
+) -> dict[str, list[dict]]:
     names = list(VARIANTS)
     samples: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            res = run_variant(args, name, workers, tmp)
+            res = run_variant(args, name, workers, tmp, foreign)
             samples[name].append(res)
             print(
                 f"  {workers} workers, repeat {r + 1}/{args.repeats}, {name:<32} "
                 f"{1e3 * res['round_s']:7.1f} ms/round, comm share {res['comm_fraction']:.1%} "
-                f"({res['command_s']:.0f} s with start-up)",
+                f"({res['command_s']:.0f} s with start-up; other work "
+                f"{res['foreign_cores']:.2f} cores)",
                 flush=True,
             )
     return samples
@@ -159,6 +167,7 @@ def summarize(samples: dict[str, list[dict]]) -> dict[str, Any]:
             "comm_fraction": statistics.median(x["comm_fraction"] for x in runs),
             "compute_s": statistics.median(x["split"]["compute"] / x["rounds"] for x in runs),
             "comm_s": statistics.median(x["split"]["comm"] / x["rounds"] for x in runs),
+            "foreign_max": max(x["foreign_cores"] for x in runs),
         }
         for name, runs in samples.items()
     }
@@ -204,15 +213,15 @@ SWITCH_TEXT = {
 def variant_table(res: dict[str, Any], workers: int) -> list[str]:
     lines = [
         f"| variant ({workers} workers) | ms per round (median) | min .. max | "
-        "compute ms/round | exposed comm ms/round | comm share |",
-        "|---|---:|---:|---:|---:|---:|",
+        "compute ms/round | exposed comm ms/round | comm share | other work (cores, max) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in VARIANTS:
         m = res["median"][name]
         lines.append(
             f"| `{name}` | {1e3 * m['round_s']:.1f} | {1e3 * m['round_min']:.1f} .. "
             f"{1e3 * m['round_max']:.1f} | {1e3 * m['compute_s']:.1f} | {1e3 * m['comm_s']:.1f} "
-            f"| {m['comm_fraction']:.1%} |"
+            f"| {m['comm_fraction']:.1%} | {m['foreign_max']:.2f} |"
         )
     return lines
 
@@ -261,6 +270,7 @@ def write_markdown(
     example: str,
     wall: float,
     loads: tuple[float, float],
+    busy: tuple[float, str],
 ) -> None:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     params = parameter_count(args)
@@ -271,7 +281,8 @@ def write_markdown(
         f"- Software: torch {info['torch']} (gloo over loopback), Python {info['python']}",
         f"- Date: {now}",
         f"- Command: `{command}` ({wall:.0f} s wall; load average (1 min) {loads[0]:.2f} before, "
-        f"{loads[1]:.2f} after)",
+        f"{loads[1]:.2f} after; other work on the machine kept {busy[0]:.2f} cores busy on "
+        f"average, CPU time by command: {busy[1]})",
         f"- Each run, e.g.: `{example}` (other variants add `--set single_message=false` or "
         "`--set overlap=false`, or use `--method original-easgd`)",
         "",
@@ -334,19 +345,21 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     results = {}
-    with tempfile.TemporaryDirectory(prefix="bench-codesign-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-codesign-") as tmp, ForeignLoad() as foreign:
         example = shown(train_argv(args, BEST, args.workers[0], Path(tmp) / "run"))
         for w in args.workers:
             print(f"{w} workers: {len(VARIANTS)} variants x {args.repeats} repeats, interleaved")
-            results[w] = summarize(measure(args, w, Path(tmp)))
+            results[w] = summarize(measure(args, w, Path(tmp), foreign))
     wall = time.perf_counter() - start
     loads = (load_before, os.getloadavg()[0])
+    busy = (foreign.cores(), foreign.top())
+    print(f"other work on the machine: {busy[0]:.2f} cores on average ({busy[1]})")
     print()
     for w in sorted(results):
         print("\n".join(variant_table(results[w], w)))
         print()
     print("\n".join(ratio_table(results)))
-    write_markdown(out, args, info, command, results, example, wall, loads)
+    write_markdown(out, args, info, command, results, example, wall, loads, busy)
     print(f"\nwrote {out}")
 
 
