@@ -29,7 +29,7 @@ time, summed over workers.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_easgd_codesign.py            # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_easgd_codesign.py            # about 7 minutes on 2 cores
     .venv/bin/python benchmarks/bench_easgd_codesign.py --workers 4 --repeats 2 --steps 20
 
 Anything below the ``NOTES_MARKER`` line of an existing result file is kept when it is re-run.

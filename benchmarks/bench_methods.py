@@ -23,7 +23,7 @@ order in which workers reach the server depends on scheduling).
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_methods.py                 # about 6-8 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_methods.py                 # about 4.5 minutes on 2 cores
     .venv/bin/python benchmarks/bench_methods.py --methods sync-sgd,sync-easgd --epochs 2
 
 Anything below the ``NOTES_MARKER`` line of an existing result file is kept when it is re-run.
