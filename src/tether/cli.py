@@ -49,6 +49,19 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         float,
         "gradient fusion bucket size in MiB (0: one message per parameter)",
     ),
+    (
+        "--allreduce",
+        "allreduce",
+        str,
+        "all-reduce algorithm for sync-sgd/sync-easgd/local-sgd: auto, native, ring, ...",
+    ),
+    ("--compress", "compress", str, "all-reduce wire format: none | fp16 | bf16"),
+    (
+        "--ranks-per-node",
+        "ranks_per_node",
+        int,
+        "ranks per node for 'hierarchical' (0: launcher's)",
+    ),
     ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
     ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
     ("--alpha", "alpha", float, "EASGD elastic rate (default: 0.9 / workers)"),
@@ -67,6 +80,13 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=argparse.SUPPRESS,
         help="stop as soon as --target-accuracy is reached",
+    )
+    parser.add_argument(
+        "--timeline",
+        dest="timeline",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="write DIR/timeline.json, a Chrome trace of compute and communication per rank",
     )
     parser.add_argument(
         "--no-progress",
@@ -102,7 +122,7 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
     )
 
     explicit = {key: getattr(args, key) for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
-    for key in ("stop_at_target", "progress"):
+    for key in ("stop_at_target", "progress", "timeline"):
         if hasattr(args, key):
             explicit[key] = getattr(args, key)
     overrides = {**parse_set_options(args.overrides), **explicit}

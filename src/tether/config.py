@@ -21,6 +21,7 @@ import tomli_w
 from tether.errors import TetherError
 
 BACKENDS = ("auto", "gloo", "nccl")
+COMPRESSIONS = ("none", "fp16", "bf16")
 FAULT_KINDS = ("raise", "kill", "hang")
 
 
@@ -49,6 +50,17 @@ class TrainConfig:
     backend: str = "auto"
     # Gradient fusion bucket size in MiB; 0 sends one message per parameter (no fusion).
     bucket_mb: float = 1.0
+    # Collective algorithm for the gradient / parameter all-reduce of sync-sgd, sync-easgd and
+    # local-sgd: a name from `tether list` (collectives), or "auto" (per message size, from the
+    # calibrated alpha-beta-gamma model), or "native" (the backend's own).
+    allreduce: str = "native"
+    # Wire format of those all-reduces: "none" (the parameters' dtype), "fp16" or "bf16"
+    # (pre-divided by the number of workers so that fp16 sums cannot overflow).
+    compress: str = "none"
+    # Ranks per node for the hierarchical collective; 0 takes the launcher's local world size.
+    ranks_per_node: int = 0
+    # Write DIR/timeline.json, a Chrome trace of compute and communication per rank.
+    timeline: bool = False
     checkpoint_every: int = 0
     # Elastic averaging (EASGD family): alpha directly, or rho with alpha = lr * rho; neither
     # gives the EASGD paper's beta = workers * alpha = 0.9.
@@ -100,6 +112,19 @@ class TrainConfig:
         if self.staleness_bound is not None:
             _require(self.staleness_bound >= 0, "staleness_bound must be >= 0")
         _require(self.timeout_s > 0, f"timeout_s must be > 0, got {self.timeout_s}")
+        _require(
+            self.compress in COMPRESSIONS,
+            f"compress must be one of {', '.join(COMPRESSIONS)}, got {self.compress!r}",
+        )
+        _require(
+            self.ranks_per_node >= 0, f"ranks_per_node must be >= 0, got {self.ranks_per_node}"
+        )
+        if self.ranks_per_node:
+            _require(
+                self.workers % self.ranks_per_node == 0,
+                f"workers ({self.workers}) must be a multiple of ranks_per_node "
+                f"({self.ranks_per_node})",
+            )
         _require(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}")
         _require(
             self.fault_kind in FAULT_KINDS, f"fault_kind must be one of {', '.join(FAULT_KINDS)}"
@@ -116,6 +141,13 @@ class TrainConfig:
         from tether.models import MODELS
 
         METHODS.get(self.method)
+        from tether.comm.collectives import collectives_for
+
+        valid = ["auto", *collectives_for("all_reduce")]
+        _require(
+            self.allreduce in valid,
+            f"unknown all-reduce algorithm {self.allreduce!r}; valid: {', '.join(valid)}",
+        )
         MODELS.get(self.model)
         DATASETS.get(self.dataset)
         return self

@@ -73,11 +73,11 @@ def _run(name, kind, data, op="sum", root=0, group=None) -> torch.Tensor:
     collective = COLLECTIVES.get(name) if isinstance(name, str) else name
     tensor = data.clone()
     if kind == "all_reduce":
-        collective.all_reduce(tensor, op, group=group)
+        collective.all_reduce(tensor, op, comm=group)
     elif kind == "reduce":
-        collective.reduce(tensor, root, op, group=group)
+        collective.reduce(tensor, root, op, comm=group)
     else:
-        collective.broadcast(tensor, root, group=group)
+        collective.broadcast(tensor, root, comm=group)
     return tensor
 
 

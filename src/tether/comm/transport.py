@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,33 @@ class PendingSend:
         return all(h.is_completed() for h in self.handles)
 
 
+class Transport(Protocol):
+    """What methods and collective algorithms need from a transport (torch.distributed or MPI).
+
+    Ranks are ranks within the transport's group. Collectives are in place and called by every
+    rank in the same order; ``exchange`` posts one round's point-to-point transfers together and
+    waits for all of them, which is what the schedule runner of
+    :mod:`tether.comm.collectives.base` is built on."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Any: ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Any: ...
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None: ...
+
+    def barrier(self) -> None: ...
+
+    def exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> None: ...
+
+
 class TorchTransport:
     """torch.distributed collectives and the header-checked point-to-point protocol."""
 
@@ -79,10 +107,29 @@ class TorchTransport:
         return dist.all_reduce(tensor, op=_REDUCE_OPS[op], group=self.group, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
-        return dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
+        return dist.broadcast(tensor, group=self.group, group_src=src, async_op=async_op)
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None:
+        dist.reduce(tensor, op=_REDUCE_OPS[op], group=self.group, group_dst=dst)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
+
+    def exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> None:
+        """Post ``sends`` (tensor, destination) and ``recvs`` (buffer, source) together, then
+        wait for all. ``batch_isend_irecv`` is one isend/irecv per entry on gloo and a grouped
+        launch on NCCL. Every handle is waited on while ``ops`` still holds the buffers."""
+        ops = [dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=p) for t, p in sends]
+        ops += [
+            dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=p) for t, p in recvs
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
     # -- point to point ------------------------------------------------------------------------
     def isend_message(

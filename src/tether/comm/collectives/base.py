@@ -1,9 +1,9 @@
 """Run a :class:`Schedule` over torch.distributed point-to-point, and the uniform interface.
 
 Every algorithm of this package is a :class:`Collective`: it builds schedules, and this module
-runs them with raw ``isend``/``irecv`` of tensor chunks (through ``dist.batch_isend_irecv``, which
-on gloo is exactly one ``isend``/``irecv`` per step, and on NCCL groups a round's operations so
-that two ranks exchanging in one round cannot deadlock). Sizes come from the schedule, known to
+runs them with the transport's point-to-point ``exchange`` of tensor chunks (one round's sends
+and receives posted together, then all waited on, so two ranks exchanging in one round cannot
+deadlock; on torch this is ``dist.batch_isend_irecv``, on MPI ``Isend``/``Irecv``). Sizes come from the schedule, known to
 both sides, so no header travels; a reduced chunk is received into a buffer of exactly its size.
 
 Collectives use tags ``COLLECTIVE_TAG + round % TAG_SPAN``, apart from the parameter-server
@@ -22,7 +22,19 @@ import torch
 import torch.distributed as dist
 
 from tether.comm.collectives.schedule import Schedule, chunk_bounds
+from tether.comm.transport import TorchTransport, Transport
 from tether.errors import TetherError
+
+# What a collective runs on: a transport (torch or MPI), or a torch process group (None: WORLD),
+# which is wrapped in a TorchTransport.
+Comm = Transport | dist.ProcessGroup | None
+
+
+def as_transport(comm: Comm) -> Transport:
+    if comm is None or isinstance(comm, dist.ProcessGroup):
+        return TorchTransport(comm)
+    return comm
+
 
 COLLECTIVE_TAG = 8000
 TAG_SPAN = 1000
@@ -48,17 +60,16 @@ def combine(target: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         torch.minimum(target, incoming, out=target)
 
 
-def run_schedule(
-    schedule: Schedule, flat: torch.Tensor, op: str, group: dist.ProcessGroup | None
-) -> None:
+def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) -> None:
     """Execute this rank's part of ``schedule`` on the contiguous 1-D tensor ``flat``."""
+    transport = as_transport(comm)
     assert flat.dim() == 1 and flat.is_contiguous(), "collectives run on flat contiguous tensors"
-    rank = dist.get_rank(group)
-    assert schedule.world_size == dist.get_world_size(group), "schedule built for another group"
+    rank = transport.rank
+    assert schedule.world_size == transport.world_size, "schedule built for another group"
     bounds = chunk_bounds(flat.numel(), schedule.chunks)
     for r, steps in enumerate(schedule.by_round):
-        tag = COLLECTIVE_TAG + r % TAG_SPAN
-        ops: list[dist.P2POp] = []
+        sends: list[tuple[torch.Tensor, int]] = []
+        recvs: list[tuple[torch.Tensor, int]] = []
         reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
         for s in steps:
             if rank not in (s.src, s.dst):
@@ -67,18 +78,16 @@ def run_schedule(
             if view.numel() == 0:  # both sides see the same empty chunk: nothing to move
                 continue
             if s.src == rank:
-                ops.append(dist.P2POp(dist.isend, view, group=group, tag=tag, group_peer=s.dst))
+                sends.append((view, s.dst))
             elif s.op == "copy":
-                ops.append(dist.P2POp(dist.irecv, view, group=group, tag=tag, group_peer=s.src))
+                recvs.append((view, s.src))
             else:
                 incoming = torch.empty_like(view)
                 reductions.append((view, incoming))
-                ops.append(dist.P2POp(dist.irecv, incoming, group=group, tag=tag, group_peer=s.src))
-        if not ops:
+                recvs.append((incoming, s.src))
+        if not sends and not recvs:
             continue
-        # Every handle is waited on before the round's buffers (held by ``ops``) are released.
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        transport.exchange(sends, recvs, COLLECTIVE_TAG + r % TAG_SPAN)
         for view, incoming in reductions:
             combine(view, incoming, op)
 
@@ -112,45 +121,40 @@ class Collective:
                 f"{', '.join(self.kinds)}"
             )
 
-    def all_reduce(
-        self, tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGroup | None = None
-    ) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", comm: Comm = None) -> None:
         """Reduce ``tensor`` over the group, in place; every rank ends with the same result."""
-        self._run("all_reduce", tensor, op, 0, group)
+        self._run("all_reduce", tensor, op, 0, comm)
 
-    def broadcast(
-        self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None
-    ) -> None:
-        """Overwrite ``tensor`` on every rank with rank ``src``'s (a rank within ``group``)."""
-        self._run("broadcast", tensor, "sum", src, group)
+    def broadcast(self, tensor: torch.Tensor, src: int, comm: Comm = None) -> None:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s (a rank within ``comm``)."""
+        self._run("broadcast", tensor, "sum", src, comm)
 
     def reduce(
         self,
         tensor: torch.Tensor,
         dst: int,
         op: str = "sum",
-        group: dist.ProcessGroup | None = None,
+        comm: Comm = None,
     ) -> None:
         """Reduce into ``tensor`` on rank ``dst``; elsewhere ``tensor`` ends unspecified."""
-        self._run("reduce", tensor, op, dst, group)
+        self._run("reduce", tensor, op, dst, comm)
 
-    def _run(
-        self, kind: str, tensor: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
-    ) -> None:
+    def _run(self, kind: str, tensor: torch.Tensor, op: str, root: int, comm: Comm) -> None:
         self._check_kind(kind)
         check_op(op, tensor.dtype)
-        world = dist.get_world_size(group)
+        transport = as_transport(comm)
+        world = transport.world_size
         if not 0 <= root < world:
             raise TetherError(f"root {root} is not a rank of a group of {world}")
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-        self.execute(kind, flat, op, root, group)
-        if op == "avg" and (kind == "all_reduce" or dist.get_rank(group) == root):
+        self.execute(kind, flat, op, root, transport)
+        if op == "avg" and (kind == "all_reduce" or transport.rank == root):
             flat.div_(world)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
 
     def execute(
-        self, kind: str, flat: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
+        self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport
     ) -> None:
-        schedule = self.schedule(dist.get_world_size(group), flat.numel(), kind, root)
-        run_schedule(schedule, flat, op, group)
+        schedule = self.schedule(transport.world_size, flat.numel(), kind, root)
+        run_schedule(schedule, flat, op, transport)

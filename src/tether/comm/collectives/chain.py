@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-import torch.distributed as dist
 
 from tether.comm.collectives.base import Collective, run_schedule
 from tether.comm.collectives.schedule import Schedule, Step
+from tether.comm.transport import Transport
 
 # Placeholders of the order of gloo over loopback TCP until a calibration replaces them.
 DEFAULT_ALPHA = 50e-6  # seconds per message
@@ -78,8 +78,8 @@ class Chain(Collective):
         return chain_broadcast(world_size, root, self.num_chunks(world_size, n, self.element_size))
 
     def execute(
-        self, kind: str, flat: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
+        self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport
     ) -> None:
-        world = dist.get_world_size(group)
+        world = transport.world_size
         chunks = self.num_chunks(world, flat.numel(), flat.element_size())
-        run_schedule(chain_broadcast(world, root, chunks), flat, op, group)
+        run_schedule(chain_broadcast(world, root, chunks), flat, op, transport)

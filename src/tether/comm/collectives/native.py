@@ -8,22 +8,15 @@ backend does inside is not visible, so ``native`` has no schedule.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from tether.comm.collectives.base import Collective
 from tether.comm.collectives.schedule import Schedule
+from tether.comm.transport import Transport
 from tether.errors import TetherError
-
-_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
 
 
 class Native(Collective):
-    """The backend's own all_reduce, broadcast and reduce (torch.distributed)."""
+    """The backend's own all_reduce, broadcast and reduce (torch.distributed, or MPI)."""
 
     name = "native"
     kinds = ("all_reduce", "broadcast", "reduce")
@@ -32,11 +25,13 @@ class Native(Collective):
         raise TetherError("collective 'native' is the backend's own algorithm: no schedule")
 
     def execute(
-        self, kind: str, flat: torch.Tensor, op: str, root: int, group: dist.ProcessGroup | None
+        self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport
     ) -> None:
+        # avg is a sum here; Collective._run divides (gloo has no AVG op).
+        reduce_op = "sum" if op == "avg" else op
         if kind == "all_reduce":
-            dist.all_reduce(flat, op=_OPS[op], group=group)
+            transport.all_reduce(flat, reduce_op)
         elif kind == "reduce":
-            dist.reduce(flat, op=_OPS[op], group=group, group_dst=root)
+            transport.reduce(flat, root, reduce_op)
         else:
-            dist.broadcast(flat, group=group, group_src=root)
+            transport.broadcast(flat, root)
