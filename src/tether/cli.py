@@ -1,4 +1,5 @@
-"""The ``tether`` command line: ``tether train`` and ``tether list``.
+"""The ``tether`` command line: ``tether train``, ``tether compare``, ``tether bench`` and
+``tether list``.
 
 User mistakes print one line (``tether: error: ...``) and exit with code 2, without a traceback;
 a failed worker prints which rank failed and why and exits with code 1.
@@ -182,6 +183,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return run_comparison(config, methods, config_for)
 
 
+def cmd_bench_comm(args: argparse.Namespace) -> int:
+    from tether.bench.comm import (
+        args_from_namespace,
+        default_out_dir,
+        run_comm_bench,
+        wrong_results,
+    )
+
+    bench = args_from_namespace(args)  # every option checked before anything starts
+    out = args.out if args.out is not None else default_out_dir()
+    report = run_comm_bench(bench, args.workers, out, " ".join(args.command_line))
+    print(f"tether: wrote {out / 'comm.json'} and {out / 'comm.png'}", file=sys.stderr)
+    wrong = wrong_results(report)
+    if wrong:
+        print(f"tether: error: wrong results from {', '.join(wrong)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     del args
     from tether.data import DATASETS
@@ -193,6 +213,26 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name in registry.names():
             print(f"  {name:<16} {registry.describe(name)}")
     return 0
+
+
+def add_bench_parser(sub: Any) -> None:
+    from tether.bench.comm import add_bench_options
+
+    bench = sub.add_parser("bench", help="benchmarks (collective algorithms: `tether bench comm`)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    comm = kinds.add_parser(
+        "comm",
+        help="time our collective algorithms against the backend's own",
+        description="OSU/nccl-tests style sweep: for each size and algorithm, the median over "
+        "repeats of the slowest rank's time per call, algbw = bytes/time and busbw = algbw * "
+        "2(P-1)/P (allreduce), (P-1)/P (allgather), 1 (broadcast, reduce), the alpha-beta "
+        "prediction and the ratio to native; every result is checked exactly. Writes "
+        "OUT/comm.json and OUT/comm.png (OUT defaults to runs/bench-comm-TIMESTAMP).",
+    )
+    add_bench_options(comm)
+    comm.add_argument("--workers", type=int, default=2, help="local ranks (default 2)")
+    comm.add_argument("--out", type=Path, metavar="DIR", help="output directory")
+    comm.set_defaults(func=cmd_bench_comm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_options(compare)
     compare.set_defaults(func=cmd_compare)
+    add_bench_parser(sub)
     listing = sub.add_parser("list", help="list methods, models and data sets")
     listing.set_defaults(func=cmd_list)
     return parser
@@ -226,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = ["tether", *(sys.argv[1:] if argv is None else argv)]
     try:
         return int(args.func(args))
     except TetherError as exc:

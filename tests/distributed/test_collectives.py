@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
+from tether.comm.collectives.hierarchical import Hierarchical
 from tether.errors import TetherError
 from tether.launch.spawn import run_spawned
 
@@ -27,6 +28,12 @@ UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.bfloat1
 ALL_REDUCE = [n for n in collectives_for("all_reduce") if n not in ("naive", "native")]
 BROADCAST = [COLLECTIVES.get(n) for n in collectives_for("broadcast") if n != "native"]
 BROADCAST.append(Chain(chunks=5))  # uneven chunks, and more chunks than elements for short n
+
+
+def _node_splits(world: int) -> list[Hierarchical]:
+    """Hierarchical collectives over emulated nodes of every size that divides the group but
+    the whole group (the registered one, without a launcher, treats the group as one node)."""
+    return [Hierarchical(ranks_per_node=g) for g in range(1, world) if world % g == 0]
 
 
 def _data(seed: int, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -92,7 +99,7 @@ def _all_reduces(rank: int, world: int, checks: Checks) -> None:
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 naive = _run("naive", "all_reduce", inputs[rank], op)
                 native = _run("native", "all_reduce", inputs[rank], op)
-                for name in ALL_REDUCE:
+                for name in ALL_REDUCE + _node_splits(world):
                     ours = _run(name, "all_reduce", inputs[rank], op)
                     case = f"{name} all_reduce P={world} n={n} {dtype} {op}"
                     checks.expect(_close(ours, naive, op, world, abs_sum), f"{case} vs naive")
@@ -107,7 +114,7 @@ def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
         for dtype in DTYPES:
             data = _data(7, rank, n, dtype)
             native = _run("native", "broadcast", data, root=root)
-            for collective in BROADCAST:
+            for collective in BROADCAST + _node_splits(world):
                 ours = _run(collective, "broadcast", data, root=root)
                 what = f"{collective} broadcast P={world} n={n} {dtype}"
                 checks.expect(torch.equal(ours, native), what)
@@ -154,7 +161,10 @@ def _everything(rank: int, world: int) -> dict:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_every_collective_against_naive_and_native(world: int) -> None:
+def test_every_collective_against_naive_and_native(
+    world: int, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path))  # auto calibrates into it
     results = run_spawned(_everything, world, timeout_s=30)
     for rank, result in enumerate(results):
         assert result["failures"] == [], f"rank {rank}: {result['failures'][:10]}"

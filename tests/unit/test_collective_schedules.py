@@ -19,7 +19,7 @@ from tether.comm.collectives.ring import ring_all_reduce
 from tether.errors import TetherError
 
 WORLDS = range(1, 10)
-ALL_REDUCE = [name for name in collectives_for("all_reduce") if name != "native"]
+ALL_REDUCE = [name for name in collectives_for("all_reduce") if name not in ("native", "auto")]
 
 
 def _inputs(world: int, n: int) -> list[torch.Tensor]:
@@ -39,7 +39,9 @@ def test_all_reduce_schedules_compute_the_sum_and_max_everywhere(name: str, worl
         assert all(torch.equal(t, torch.stack(inputs).amax(0)) for t in maxima)
 
 
-@pytest.mark.parametrize("name", [n for n in collectives_for("broadcast") if n != "native"])
+@pytest.mark.parametrize(
+    "name", [n for n in collectives_for("broadcast") if n not in ("native", "auto")]
+)
 @pytest.mark.parametrize("world", WORLDS)
 def test_broadcast_schedules_copy_the_root_everywhere(name: str, world: int) -> None:
     for root in {0, world - 1, world // 2}:
@@ -152,9 +154,18 @@ def test_registry_and_errors() -> None:
         "recursive-doubling",
         "binomial",
         "chain",
+        "hierarchical",
         "native",
+        "auto",
     ]
-    assert collectives_for("broadcast") == ["naive", "binomial", "chain", "native"]
+    assert collectives_for("broadcast") == [
+        "naive",
+        "binomial",
+        "chain",
+        "hierarchical",
+        "native",
+        "auto",
+    ]
     with pytest.raises(TetherError, match="valid collectives: naive, ring"):
         COLLECTIVES.get("rnig")
     with pytest.raises(TetherError, match="'ring' does not implement broadcast"):

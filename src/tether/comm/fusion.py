@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tether.comm.transport import TorchTransport
+from tether.comm.reducer import AllReducer, PendingReduce
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,11 @@ class GradientBucketer:
     def __init__(
         self,
         params: Sequence[nn.Parameter],
-        transport: TorchTransport,
+        reducer: AllReducer,
         bucket_mb: float | None,
     ) -> None:
         self.params = list(reversed([p for p in params if p.requires_grad]))
-        self.transport = transport
+        self.reducer = reducer
         dtype = self.params[0].dtype
         elems = bucket_elements(bucket_mb, self.params[0].element_size())
         self.layout = BucketLayout.build([p.numel() for p in self.params], elems)
@@ -125,7 +125,7 @@ class GradientBucketer:
             p.grad = view
         self._remaining = [len(b.params) for b in self.layout.buckets]
         self._next_to_launch = 0
-        self._handles: list = []
+        self._handles: list[PendingReduce] = []
 
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
         view = self._views[index]
@@ -145,11 +145,11 @@ class GradientBucketer:
         ):
             bucket = buckets[self._next_to_launch]
             chunk = self.flat[bucket.start : bucket.end]
-            self._handles.append(self.transport.all_reduce(chunk, async_op=True))
+            self._handles.append(self.reducer.start(chunk, average=True))
             self._next_to_launch += 1
 
     def finish(self) -> float:
-        """Launch what is left (parameters unused this step), wait for every bucket, average.
+        """Launch what is left (parameters unused this step), wait for every bucket's mean.
 
         Returns the seconds spent waiting: the communication that backward did not hide.
         """
@@ -158,7 +158,6 @@ class GradientBucketer:
         for handle in self._handles:
             handle.wait()
         self._handles.clear()
-        self.flat.div_(self.transport.world_size)
         waited = time.perf_counter() - start
         self.comm_wait_s += waited
         return waited

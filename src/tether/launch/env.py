@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,20 @@ def elastic_error_file() -> str | None:
     """Where torch's elastic agent wants this process's structured error (``@record`` writes it),
     or None when the process was not started by an elastic agent."""
     return os.environ.get("TORCHELASTIC_ERROR_FILE") or None
+
+
+def cache_dir() -> Path:
+    """Where Tether caches measurements (the collective calibration): TETHER_CACHE_DIR, else
+    XDG_CACHE_HOME/tether, else ~/.cache/tether."""
+    env = os.environ
+    if env.get("TETHER_CACHE_DIR"):
+        return Path(env["TETHER_CACHE_DIR"])
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "tether"
+
+
+def launcher_local_world_size() -> int | None:
+    """Processes per node as the launcher reports it (LOCAL_WORLD_SIZE), None when no launcher
+    says: the node layout the hierarchical collectives use."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else None

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tether.comm.reducer import build_reducer
 from tether.methods.base import MethodContext, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.local_step import loss_backward
@@ -42,6 +43,7 @@ class LocalSGD(TrainingMethod):
         self.optimizer = make_sgd(model, self.config)  # updates the parameter views in place
         self.eval_copy = copy.deepcopy(model)
         self.eval_flat = flatten_parameters(self.eval_copy)
+        self.reducer = build_reducer(self.transport, self.config)
         self.rounds = 0
 
     def start(self, step: int = 0) -> None:
@@ -56,7 +58,7 @@ class LocalSGD(TrainingMethod):
         times.compute_s += time.perf_counter() - start
         if self.local_step % self.config.tau == 0:
             start = time.perf_counter()
-            average_(self.flat, self.transport)
+            self.reducer.start(self.flat, average=True).wait()
             self.rounds += 1
             times.comm_s += time.perf_counter() - start
         return loss
@@ -66,7 +68,8 @@ class LocalSGD(TrainingMethod):
 
     def eval_model(self) -> nn.Module:
         """The mean of the replicas (what the next averaging would produce), without changing
-        any replica. Collective: called on every rank."""
+        any replica, in full precision with the backend's all-reduce. Collective: called on
+        every rank."""
         self.eval_flat.copy_(self.flat)
         average_(self.eval_flat, self.transport)
         return self.eval_copy

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tether.comm.reducer import PendingReduce, build_reducer
 from tether.methods.base import MethodContext, StepTimes, TrainingMethod
 from tether.methods.elastic import elastic_rate
 from tether.methods.flat import flatten_parameters
@@ -47,7 +48,8 @@ class SyncEASGD(TrainingMethod):
         self.alpha = elastic_rate(self.config, self.transport.world_size)
         self.local = PlainStep(self.flat, self.config.lr, self.config.weight_decay)
         self.rounds = 0
-        self._pending: list | None = None  # the in-flight all-reduce(s) of sum_i d_i
+        self.reducer = build_reducer(self.transport, self.config)
+        self._pending: list[PendingReduce] | None = None  # the in-flight all-reduce(s) of sum d_i
         self._sum = torch.zeros_like(self.flat)
 
     def start(self, step: int = 0) -> None:
@@ -72,15 +74,15 @@ class SyncEASGD(TrainingMethod):
                 times.comm_s += self._complete_round()
         return loss
 
-    def _all_reduce_async(self, flat: torch.Tensor) -> list:
+    def _all_reduce_async(self, flat: torch.Tensor) -> list[PendingReduce]:
         """One message of the whole vector, or (co-design switch off) one per layer."""
         if self.config.single_message:
-            return [self.transport.all_reduce(flat, async_op=True)]
+            return [self.reducer.start(flat, average=False)]
         pieces, offset = [], 0
         for p in self.model.parameters():
             pieces.append(flat[offset : offset + p.numel()])
             offset += p.numel()
-        return [self.transport.all_reduce(piece, async_op=True) for piece in pieces]
+        return [self.reducer.start(piece, average=False) for piece in pieces]
 
     def _complete_round(self) -> float:
         """Wait for the last round's sum and move the center; returns the seconds waited."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.comm.fusion import GradientBucketer
+from tether.comm.reducer import build_reducer
 from tether.methods.base import MethodContext, StepTimes, TrainingMethod
 from tether.methods.registry import METHODS
 
@@ -73,8 +74,9 @@ class SyncSGD(TrainingMethod):
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         super().__init__(model, context)
         self.optimizer = make_sgd(model, self.config)
+        self.reducer = build_reducer(self.transport, self.config)
         self.bucketer = GradientBucketer(
-            list(model.parameters()), self.transport, self.config.bucket_mb or None
+            list(model.parameters()), self.reducer, self.config.bucket_mb or None
         )
         self.rounds = 0
 

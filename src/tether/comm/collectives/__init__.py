@@ -7,11 +7,19 @@ Pick one by name from :data:`COLLECTIVES`; every algorithm has the same interfac
 
 from tether.comm.collectives.base import Collective, run_schedule
 from tether.comm.collectives.registry import COLLECTIVES, collectives_for
-from tether.comm.collectives.schedule import Schedule, Step, chunk_bounds, cost, simulate
+from tether.comm.collectives.schedule import (
+    NodeLinks,
+    Schedule,
+    Step,
+    chunk_bounds,
+    cost,
+    simulate,
+)
 
 __all__ = [
     "COLLECTIVES",
     "Collective",
+    "NodeLinks",
     "Schedule",
     "Step",
     "chunk_bounds",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from tether.comm.collectives.auto import Auto
 from tether.comm.collectives.base import Collective
 from tether.comm.collectives.binomial import Binomial
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.halving_doubling import HalvingDoubling
+from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.naive import Naive
 from tether.comm.collectives.native import Native
 from tether.comm.collectives.recursive_doubling import RecursiveDoubling
@@ -21,7 +23,9 @@ for _collective in (
     RecursiveDoubling(),
     Binomial(),
     Chain(),
+    Hierarchical(),
     Native(),
+    Auto(),
 ):
     COLLECTIVES.register(_collective.name)(_collective)
 

@@ -117,16 +117,38 @@ class Schedule:
                 assert s.op == "reduce" or not sent.get(s.dst, set()) & set(ids)
 
 
-def cost(schedule: Schedule, n_bytes: float, alpha: float, beta: float, gamma: float) -> float:
+@dataclass(frozen=True)
+class NodeLinks:
+    """Two link levels for :func:`cost`: ranks ``node*ranks_per_node ...`` share a node, and a
+    step between nodes costs ``alpha + m*beta`` with these parameters instead of the intra-node
+    ones (the slow network of a hierarchical machine)."""
+
+    ranks_per_node: int
+    alpha: float
+    beta: float
+
+
+def cost(
+    schedule: Schedule,
+    n_bytes: float,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    inter: NodeLinks | None = None,
+) -> float:
     """Alpha-beta-gamma time of ``schedule`` for a vector of ``n_bytes`` bytes (seconds if the
     parameters are): each round costs its most expensive step, chunks are ``n/chunks`` bytes
-    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2."""
+    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2. With
+    ``inter``, steps between nodes use its alpha and beta."""
     total = 0.0
     for steps in schedule.by_round:
         worst = 0.0
         for s in steps:
             m = n_bytes * len(s.indices) / schedule.chunks
-            worst = max(worst, alpha + m * beta + (m * gamma if s.op == "reduce" else 0.0))
+            a, b = alpha, beta
+            if inter is not None and s.src // inter.ranks_per_node != s.dst // inter.ranks_per_node:
+                a, b = inter.alpha, inter.beta
+            worst = max(worst, a + m * b + (m * gamma if s.op == "reduce" else 0.0))
         total += worst
     return total
 

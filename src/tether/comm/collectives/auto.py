@@ -1,0 +1,67 @@
+"""``auto``: per message size, the algorithm the calibrated alpha-beta-gamma model predicts fastest.
+
+The same choice MPICH and NCCL make with fixed thresholds (Thakur, Rabenseifner and Gropp 2005:
+recursive doubling for short messages, Rabenseifner's or the ring for long ones), made here from
+a calibration of the running transport (:mod:`tether.perf.calibration`) that also times the
+backend's own collective, so ``native`` is chosen wherever it is predicted faster. Every rank
+holds rank 0's calibration, so every rank picks the same algorithm for the same size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.schedule import Schedule
+from tether.comm.transport import Transport
+from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    from tether.perf.calibration import Calibration
+
+
+class Auto(Collective):
+    """Chooses among the registered algorithms per call from a calibration (measured and cached
+    on first use when none is given)."""
+
+    name = "auto"
+    kinds = ("all_reduce", "broadcast")
+
+    def __init__(self, calibration: Calibration | None = None) -> None:
+        self.calibration = calibration
+        self._choices: dict[tuple[str, int], Collective] = {}
+
+    def calibrated(self, transport: Transport) -> Calibration:
+        """The calibration for ``transport``'s group; collective the first time (every rank
+        reaches its first ``auto`` call at the same point of the program)."""
+        if self.calibration is None or self.calibration.world_size != transport.world_size:
+            from tether.perf.calibration import load_or_calibrate
+
+            self.calibration = load_or_calibrate(transport)
+            self._choices.clear()
+        return self.calibration
+
+    def choose(self, kind: str, n_bytes: int, transport: Transport) -> Collective:
+        calibration = self.calibrated(transport)
+        key = (kind, n_bytes)
+        if key not in self._choices:
+            from tether.comm.collectives.hierarchical import Hierarchical
+            from tether.comm.collectives.registry import COLLECTIVES
+
+            name = calibration.choose(kind, n_bytes)
+            chosen = COLLECTIVES.get(name)
+            if name == "hierarchical":  # the node size the calibration priced
+                chosen = Hierarchical(ranks_per_node=calibration.ranks_per_node)
+            self._choices[key] = chosen
+        return self._choices[key]
+
+    def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
+        raise TetherError("collective 'auto' picks an algorithm per call: no fixed schedule")
+
+    def execute(
+        self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport
+    ) -> None:
+        chosen = self.choose(kind, flat.numel() * flat.element_size(), transport)
+        chosen.execute(kind, flat, op, root, transport)

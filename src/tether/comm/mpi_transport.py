@@ -1,0 +1,336 @@
+"""The MPI transport: the same interface as :class:`~tether.comm.transport.TorchTransport`, on
+mpi4py (MPICH from the ``tether[mpi]`` extra, or the site's MPI).
+
+Why a second transport: MPI libraries move small messages in a few microseconds over shared
+memory or an HPC interconnect, cheaper per message than gloo's TCP path, and HPC sites
+launch jobs with ``mpiexec``/``srun`` rather than a TCP rendezvous. Methods and the collective
+algorithms of :mod:`tether.comm.collectives` run unchanged on either transport.
+
+Buffers are CPU tensors handed to MPI without a copy (``tensor.numpy()`` shares memory).
+Point-to-point transfers (``exchange`` and the message protocol) move raw bytes (``MPI_BYTE``,
+MPI-3.1 section 3.2.2), so every dtype travels, bfloat16 and float16 included, which have no
+MPI datatype in MPI-3.1; the peers are homogeneous machines and the message header already
+carries the dtype. Native reductions need a typed buffer: float32, float64 and the integer types
+map to MPI's predefined types; bfloat16 and float16 are reduced in a float32 copy and rounded back
+once (twice the bytes on the wire, and at least as accurate as reducing in 16 bits).
+
+mpi4py is imported when a transport is built, never when :mod:`tether` is, so the package works
+without it; asking for MPI without it is a one-line :class:`~tether.errors.TetherError`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind, ProtocolError
+from tether.comm.transport import Message, Transport, _tags
+from tether.errors import TetherError
+
+INSTALL_HINT = "pip install 'tether[mpi]' (mpi4py and mpich)"
+REDUCE_OPS = ("sum", "max", "min")
+# Reduced in float32 and rounded back: MPI-3.1 has no 16-bit floating-point datatype.
+STAGED_DTYPES = (torch.bfloat16, torch.float16)
+# A receive with a timeout polls; the pause between polls grows to this many seconds.
+MAX_POLL_PAUSE = 1e-3
+
+
+def load_mpi() -> Any:
+    """The ``mpi4py.MPI`` module, or a one-line TetherError saying how to install it.
+
+    Importing ``mpi4py.MPI`` initialises MPI (``MPI_Init_thread`` with ``MPI_THREAD_MULTIPLE``,
+    which the parameter server's listener threads need); a process that was not started by
+    ``mpiexec`` becomes a singleton MPI job of one rank (MPI-3.1 section 10.5.2)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise TetherError(f"the MPI transport needs mpi4py: {INSTALL_HINT}") from exc
+    except RuntimeError as exc:  # mpi4py is there but found no MPI library to load
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TetherError(
+            f"mpi4py could not load an MPI library ({reason}): {INSTALL_HINT}"
+        ) from exc
+    return MPI
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    assert tensor.device.type == "cpu", "the MPI transport moves CPU tensors"
+    assert tensor.is_contiguous(), "MPI buffers are contiguous"
+    return tensor.detach().view(-1)
+
+
+def _bytes(tensor: torch.Tensor) -> Any:
+    """A zero-copy byte view of a contiguous CPU tensor, as a numpy array MPI can read or fill."""
+    return _flat(tensor).view(torch.uint8).numpy()
+
+
+class MPIWork:
+    """In-flight nonblocking MPI operations (an ``Iallreduce``, the ``Isend`` s of a message).
+
+    The buffers are held here until completion: MPI-3.1 section 3.7.2 forbids freeing or
+    touching the buffer of a pending request, and a numpy view dropped early would let torch free
+    the memory under MPI. ``finish`` runs after completion (a float32 or contiguous working copy
+    is copied back into the caller's tensor there), so the result is in place once ``wait``
+    returns."""
+
+    def __init__(
+        self,
+        mpi: Any,
+        requests: list[Any],
+        keep: list[Any],
+        finish: Callable[[], None] | None = None,
+    ) -> None:
+        self._mpi = mpi
+        self.requests = requests
+        self.keep = keep
+        self._finish = finish
+
+    def wait(self) -> None:
+        if self.requests:
+            self._mpi.Request.Waitall(self.requests)
+            self.requests.clear()
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+        self.keep.clear()
+
+    def is_completed(self) -> bool:
+        """True once MPI has finished; the result is in place only after :meth:`wait`."""
+        return not self.requests or bool(self._mpi.Request.Testall(self.requests))
+
+
+class MPITransport:
+    """MPI collectives and the header-checked point-to-point protocol, over an mpi4py
+    communicator (default ``MPI.COMM_WORLD``).
+
+    The communicator is duplicated (collectively: every rank builds its transport at the same
+    point) so that Tether's tags never match the application's own messages on the same ranks:
+    a communicator is MPI's isolation unit for libraries (MPI-3.1 section 6.1.2). Ranks are ranks
+    of that communicator."""
+
+    def __init__(self, comm: Any = None, dup: bool = True) -> None:
+        mpi = load_mpi()
+        self.MPI = mpi
+        base = mpi.COMM_WORLD if comm is None else comm
+        self.comm = base.Dup() if dup else base
+        self.rank: int = self.comm.Get_rank()
+        self.world_size: int = self.comm.Get_size()
+        self._ops = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN}
+        self._types = {
+            torch.float32: mpi.FLOAT,
+            torch.float64: mpi.DOUBLE,
+            torch.int64: mpi.INT64_T,
+            torch.int32: mpi.INT32_T,
+            torch.int16: mpi.INT16_T,
+            torch.int8: mpi.INT8_T,
+            torch.uint8: mpi.UINT8_T,
+        }
+
+    def close(self) -> None:
+        """Free the duplicated communicator (collective). Optional: MPI_Finalize frees it too."""
+        if self.comm not in (self.MPI.COMM_WORLD, self.MPI.COMM_SELF, self.MPI.COMM_NULL):
+            self.comm.Free()
+
+    # -- collectives ---------------------------------------------------------------------------
+    def _typed(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+        """A contiguous buffer MPI can reduce, and what copies its result back (None: in place)."""
+        if tensor.dtype in STAGED_DTYPES:
+            work = tensor.detach().reshape(-1).float()
+        elif tensor.dtype not in self._types:
+            names = ", ".join(str(d) for d in (*self._types, *STAGED_DTYPES))
+            raise TetherError(f"the MPI transport cannot reduce {tensor.dtype}; it reduces {names}")
+        elif tensor.is_contiguous():
+            return tensor.detach().view(-1), None
+        else:
+            work = tensor.detach().contiguous().view(-1)
+
+        def copy_back() -> None:
+            with torch.no_grad():
+                tensor.copy_(work.view(tensor.shape))
+
+        return work, copy_back
+
+    def _op(self, op: str) -> Any:
+        if op not in self._ops:
+            raise TetherError(f"unknown reduce op {op!r}; the MPI transport has {REDUCE_OPS}")
+        return self._ops[op]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Any:
+        """In-place all-reduce (``MPI_IN_PLACE``, MPI-3.1 section 5.9.6); with ``async_op`` an
+        ``MPI_Iallreduce`` (section 5.12.8) whose handle's ``wait()`` leaves the result in
+        ``tensor``."""
+        mpi_op = self._op(op)
+        work, copy_back = self._typed(tensor)
+        spec = [work.numpy(), self._types[work.dtype]]
+        if not async_op:
+            self.comm.Allreduce(self.MPI.IN_PLACE, spec, op=mpi_op)
+            if copy_back is not None:
+                copy_back()
+            return None
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, spec, op=mpi_op)
+        return MPIWork(self.MPI, [request], [work, spec], copy_back)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Any:
+        """Overwrite ``tensor`` with rank ``src``'s. A broadcast does no arithmetic, so it moves
+        bytes and takes every dtype."""
+        strided = not tensor.is_contiguous()
+        work = tensor.detach().contiguous()  # the tensor itself unless strided
+        spec = [_bytes(work), self.MPI.BYTE]
+
+        def copy_back() -> None:
+            with torch.no_grad():
+                tensor.copy_(work)
+
+        if not async_op:
+            self.comm.Bcast(spec, root=src)
+            if strided:
+                copy_back()
+            return None
+        request = self.comm.Ibcast(spec, root=src)
+        return MPIWork(self.MPI, [request], [work, spec], copy_back if strided else None)
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None:
+        """Reduce into ``tensor`` on rank ``dst``; elsewhere ``tensor`` is left as it was. The
+        root passes ``MPI_IN_PLACE`` as its send buffer (MPI-3.1 section 5.9.1)."""
+        mpi_op = self._op(op)
+        work, copy_back = self._typed(tensor)
+        spec = [work.numpy(), self._types[work.dtype]]
+        if self.rank == dst:
+            self.comm.Reduce(self.MPI.IN_PLACE, spec, op=mpi_op, root=dst)
+            if copy_back is not None:
+                copy_back()
+        else:
+            self.comm.Reduce(spec, None, op=mpi_op, root=dst)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> None:
+        """Post every receive then every send of one round (``MPI_Irecv``/``MPI_Isend``), then
+        ``MPI_Waitall``. Nonblocking calls make a round in which two ranks send to each other
+        deadlock-free whatever the message size (MPI-3.1 section 3.7); receives go first so that
+        arriving data lands in its buffer instead of MPI's unexpected-message queue. Receive
+        buffers must be contiguous (they are views of the collective's flat tensor)."""
+        comm, byte = self.comm, self.MPI.BYTE
+        keep, requests = [], []
+        for buffer, peer in recvs:
+            data = _bytes(buffer)
+            keep.append(data)
+            requests.append(comm.Irecv([data, byte], source=peer, tag=tag))
+        for tensor, peer in sends:
+            data = _bytes(tensor.contiguous())
+            keep.append(data)
+            requests.append(comm.Isend([data, byte], dest=peer, tag=tag))
+        self.MPI.Request.Waitall(requests)
+
+    # -- point to point ------------------------------------------------------------------------
+    def isend_message(
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
+    ) -> MPIWork:
+        """Send header then payload without blocking; keep the result and ``wait()`` on it."""
+        payload = payload.detach().contiguous().view(-1)
+        header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
+        header_tag, payload_tag = _tags(channel)
+        parts = [(_bytes(header), header_tag)]
+        if payload.numel():
+            parts.append((_bytes(payload), payload_tag))
+        requests = [self.comm.Isend([b, self.MPI.BYTE], dest=dst, tag=t) for b, t in parts]
+        return MPIWork(self.MPI, requests, [header, payload, *parts])
+
+    def send_message(
+        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
+    ) -> None:
+        self.isend_message(payload, dst, kind, step, channel).wait()
+
+    def recv_message(
+        self,
+        buffer: torch.Tensor | Mapping[MessageKind, torch.Tensor],
+        src: int | None = None,
+        kinds: frozenset[MessageKind] | None = None,
+        channel: int = 0,
+        timeout: datetime.timedelta | None = None,
+    ) -> Message:
+        """Receive one message from ``src``, or from whichever rank sends first when ``src`` is
+        None (``MPI_ANY_SOURCE``); the same contract as ``TorchTransport.recv_message``.
+
+        The header is validated against the buffer before the payload is received, and the
+        payload is received from the header's sender only: MPI's non-overtaking rule (MPI-3.1
+        section 3.5) keeps one sender's headers, and its payloads, in order. A refused header
+        leaves its payload (if the peer sent one) unreceived; :meth:`discard_payload` drains it.
+
+        ``timeout`` bounds each of the two receives; MPI receives have no timeout of their own,
+        so a timed receive polls ``MPI_Test`` (adding up to a millisecond of latency) and on
+        expiry cancels the receive (section 3.8.4) and raises TimeoutError."""
+        header_tag, payload_tag = _tags(channel)
+        words = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        source = self.MPI.ANY_SOURCE if src is None else src
+        sender = self._recv(words, source, header_tag, timeout)
+        if isinstance(buffer, Mapping):
+            kinds = frozenset(buffer)
+            announced = MessageHeader.peek_kind(words, sender, kinds)
+            buffer = buffer[announced]
+        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
+        header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
+        payload = buffer[: header.length]
+        if header.length:
+            self._recv(payload, sender, payload_tag, timeout, what="payload")
+        return Message(header, payload)
+
+    def discard_payload(self, src: int, channel: int = 0) -> int:
+        """Receive and drop the next payload from ``src`` (after a refused header whose sender is
+        known to have sent one); returns its size in bytes. Blocks until it arrives."""
+        status = self.MPI.Status()
+        _, payload_tag = _tags(channel)
+        self.comm.Probe(source=src, tag=payload_tag, status=status)
+        size = status.Get_count(self.MPI.BYTE)
+        self.comm.Recv([bytearray(size), self.MPI.BYTE], source=src, tag=payload_tag)
+        return size
+
+    def _recv(
+        self,
+        tensor: torch.Tensor,
+        source: int,
+        tag: int,
+        timeout: datetime.timedelta | None,
+        what: str = "header",
+    ) -> int:
+        """Receive into ``tensor``; returns the sender's rank. A message longer than the buffer
+        is an MPI error (truncation, MPI-3.1 section 3.2.4); a shorter one is refused here."""
+        mpi = self.MPI
+        data, status = _bytes(tensor), mpi.Status()
+        if timeout is None:
+            self.comm.Recv([data, mpi.BYTE], source=source, tag=tag, status=status)
+        else:
+            request = self.comm.Irecv([data, mpi.BYTE], source=source, tag=tag)
+            deadline = time.monotonic() + timeout.total_seconds()
+            pause = 1e-5
+            while not request.Test(status):
+                if time.monotonic() > deadline:
+                    request.Cancel()
+                    request.Wait(status)
+                    if status.Is_cancelled():
+                        raise TimeoutError(f"no message on tag {tag} within {timeout}")
+                    break  # it matched before the cancel took effect: keep it
+                time.sleep(pause)
+                pause = min(2 * pause, MAX_POLL_PAUSE)
+        sender = status.Get_source()
+        count = status.Get_count(mpi.BYTE)
+        if count != data.nbytes:
+            raise ProtocolError(
+                f"{what} from rank {sender} has {count} bytes, expected {data.nbytes}"
+            )
+        return int(sender)
+
+
+def _is_a_transport(transport: MPITransport) -> Transport:
+    """Never called: makes mypy check that MPITransport satisfies the Transport protocol."""
+    return transport

@@ -1,0 +1,163 @@
+"""Non-blocking all-reduce of flat tensors with a chosen algorithm and wire format.
+
+The training methods (sync-sgd's gradient buckets, sync-easgd's round sum, local-sgd's average)
+start an all-reduce, keep computing, and wait later. The backend's own collective is
+asynchronous already; our algorithms (:mod:`tether.comm.collectives`) are blocking sequences of
+point-to-point rounds, so they run on one communication thread, in the order they were started,
+which is the same on every rank (the collective-ordering contract). Only our point-to-point
+tags ever travel on that thread: the backend's collectives are always issued from the caller's
+thread, so their order across ranks cannot be changed by thread scheduling.
+
+Reduced-precision wire formats (ALGORITHMS.md section 2; Jia et al. 2018): the vector is divided
+by P in its own precision, cast to fp16 or bf16, summed on the wire, and cast back. Dividing
+first means the fp16 sum of P values is bounded by the largest of them, so it overflows only if
+an input already does (65504 is fp16's largest value); bf16 has fp32's range but 8 bits of
+mantissa. Each element of the mean is within ``(2P-1) * u * mean_i |x_i|`` of the exact one, with
+``u = 2^-11`` (fp16) or ``2^-8`` (bf16): the P casts and the P-1 additions each round once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from tether.comm.collectives.auto import Auto
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.hierarchical import Hierarchical
+from tether.comm.collectives.native import Native
+from tether.comm.collectives.registry import COLLECTIVES
+from tether.comm.transport import Transport
+from tether.config import TrainConfig
+from tether.observe.timeline import get_timeline
+
+WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class CommThread:
+    """One daemon thread running submitted jobs in order. A daemon, unlike a
+    ``ThreadPoolExecutor`` worker, never holds the process at exit when a peer died and a job
+    waits for it: the training thread's error (naming the rank) ends the process."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Future]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="tether-comm", daemon=True).start()
+
+    def submit(self, job: Callable[[], None]) -> Future:
+        future: Future = Future()
+        self._jobs.put((job, future))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                job()
+            except BaseException as error:  # handed to the waiting thread, which re-raises it
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+
+@dataclass
+class PendingReduce:
+    """An all-reduce in flight. ``wait()`` leaves the sum (or mean) in the original tensor."""
+
+    tensor: torch.Tensor
+    wire: torch.Tensor  # the tensor on the wire: ``tensor`` itself, or its compressed copy
+    # the wire result is divided (a mean, not pre-divided) or multiplied (a pre-divided sum) by P
+    divide_by: int = 1
+    multiply_by: int = 1
+    native: object | None = None  # the backend's work handle
+    future: Future | None = None  # the communication thread's job
+    done: bool = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self.native is not None:
+            self.native.wait()  # type: ignore[attr-defined]
+        if self.future is not None:
+            self.future.result()  # re-raises the communication thread's error here
+        if self.wire is not self.tensor:
+            self.tensor.copy_(self.wire)
+        if self.divide_by != 1:
+            self.tensor.div_(self.divide_by)
+        if self.multiply_by != 1:
+            self.tensor.mul_(self.multiply_by)
+        self.done = True
+
+
+class AllReducer:
+    """Starts all-reduces of flat tensors with ``algorithm`` (a name of
+    :data:`~tether.comm.collectives.COLLECTIVES` implementing all-reduce, or "auto") and
+    ``compress`` ("none", "fp16", "bf16")."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        algorithm: str = "native",
+        compress: str = "none",
+        ranks_per_node: int = 0,
+    ) -> None:
+        self.transport = transport
+        self.world_size = transport.world_size
+        self.wire_dtype = WIRE_DTYPES[compress]
+        self.algorithm = self._resolve(algorithm, ranks_per_node)
+        self._thread: CommThread | None = None
+
+    def _resolve(self, algorithm: str, ranks_per_node: int) -> Collective:
+        if algorithm == "hierarchical":
+            return Hierarchical(ranks_per_node=ranks_per_node or None)
+        if algorithm == "auto":
+            from tether.perf.calibration import load_or_calibrate
+
+            # Collective: every rank builds its reducer at the same point of the run.
+            return Auto(load_or_calibrate(self.transport, ranks_per_node or None))
+        return COLLECTIVES.get(algorithm)
+
+    def _chosen(self, wire: torch.Tensor) -> Collective:
+        if isinstance(self.algorithm, Auto):
+            n_bytes = wire.numel() * wire.element_size()
+            return self.algorithm.choose("all_reduce", n_bytes, self.transport)
+        return self.algorithm
+
+    def start(self, tensor: torch.Tensor, average: bool) -> PendingReduce:
+        """Start reducing the flat ``tensor`` in place (sum, or mean with ``average``)."""
+        p = self.world_size
+        if self.wire_dtype is not None and self.wire_dtype != tensor.dtype:
+            wire = (tensor / p).to(self.wire_dtype)  # pre-divided: the fp16 sum cannot overflow
+            pending = PendingReduce(tensor, wire, multiply_by=1 if average else p)
+        else:
+            pending = PendingReduce(tensor, tensor, divide_by=p if average else 1)
+            wire = tensor
+        chosen = self._chosen(wire)
+        if isinstance(chosen, Native):
+            pending.native = self.transport.all_reduce(wire, "sum", async_op=True)
+        else:
+            if self._thread is None:
+                self._thread = CommThread()
+            pending.future = self._thread.submit(lambda: self._run(chosen, wire))
+        return pending
+
+    def _run(self, collective: Collective, wire: torch.Tensor) -> None:
+        start = time.perf_counter()
+        collective.all_reduce(wire, "sum", comm=self.transport)
+        get_timeline().record(
+            f"all-reduce {collective.name}",
+            "comm.op",
+            start,
+            time.perf_counter(),
+            track="comm",
+            bytes=wire.numel() * wire.element_size(),
+        )
+
+
+def build_reducer(transport: Transport, config: TrainConfig) -> AllReducer:
+    """The reducer a run's ``--allreduce``, ``--compress`` and ``--ranks-per-node`` ask for."""
+    return AllReducer(transport, config.allreduce, config.compress, config.ranks_per_node)

@@ -1,0 +1,1 @@
+"""Performance modelling: the calibrated alpha-beta-gamma model of collectives."""

@@ -1,0 +1,284 @@
+"""Calibrate the alpha-beta-gamma model on the running transport, and predict collective times.
+
+ALGORITHMS.md section 2: a message of n bytes costs ``a + n*b`` and reducing n bytes ``n*g``.
+:func:`calibrate` measures them where our algorithms will run, through the same point-to-point
+``exchange`` the schedule runner uses (so ``a`` includes the per-message software overhead our
+runner pays, as Hockney's model intends): ``a`` is the one-way time of a 4-byte ping-pong,
+``b`` the slope between two large ping-pongs, ``g`` the time per byte of an in-place add. When
+the ranks span several nodes (ranks per node from the launcher, or given), the ping-pong is also
+run between two nodes and the schedule's inter-node steps are priced with those values.
+
+The backend's own collectives are opaque (gloo and NCCL switch algorithms by size), so they are
+not modelled by a formula: their time is measured at a few sizes and interpolated log-log. That
+is what lets ``auto`` pick ``native`` wherever it is faster, so ``auto`` is never slower than the
+backend by more than the model's error.
+
+Every rank must call :func:`calibrate` / :func:`load_or_calibrate` together (they are
+collective). Rank 0 measures or reads the cache and broadcasts the numbers, so every rank holds
+the same calibration and ``auto`` makes the same choice everywhere (a different choice on two
+ranks would deadlock their schedules). Results are cached per backend, world size, node size and
+host in :func:`tether.launch.env.cache_dir`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from tether.comm.collectives.schedule import NodeLinks, cost
+from tether.comm.transport import Transport
+
+CALIBRATION_TAG = 7900
+NATIVE_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which native collectives are timed
+PING_SIZES = (4, 256 << 10, 4 << 20)
+KINDS = ("all_reduce", "broadcast")
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """alpha (s), beta (s/byte), gamma (s/byte) of one link level, the inter-node level where
+    there are several nodes, and measured times of the backend's own collectives."""
+
+    world_size: int
+    ranks_per_node: int
+    alpha: float
+    beta: float
+    gamma: float
+    inter_alpha: float
+    inter_beta: float
+    # kind -> [(bytes, seconds)] for the backend's built-in collective, ascending in bytes
+    native: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    backend: str = ""
+    host: str = ""
+    measured_at: str = ""
+
+    @property
+    def inter(self) -> NodeLinks | None:
+        if self.ranks_per_node >= self.world_size:
+            return None
+        return NodeLinks(self.ranks_per_node, self.inter_alpha, self.inter_beta)
+
+    def native_time(self, kind: str, n_bytes: float) -> float | None:
+        """Interpolated (log-log) time of the backend's collective; beyond the largest measured
+        size, proportional to the size (bandwidth bound)."""
+        points = self.native.get(kind)
+        if not points:
+            return None
+        sizes = [p[0] for p in points]
+        if n_bytes <= sizes[0]:
+            return points[0][1]
+        if n_bytes >= sizes[-1]:
+            return points[-1][1] * n_bytes / sizes[-1]
+        i = bisect.bisect_right(sizes, n_bytes)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        w = (math.log(n_bytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+
+    def predict(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
+        """Predicted seconds of ``algorithm``'s ``kind`` on ``n_bytes`` bytes; None where there is
+        no model (an algorithm that does not implement ``kind``, or native not measured)."""
+        from tether.comm.collectives.hierarchical import Hierarchical
+        from tether.comm.collectives.registry import COLLECTIVES
+
+        if algorithm == "native":
+            return self.native_time(kind, n_bytes)
+        if algorithm == "auto":
+            return min(
+                (t for _, t in self.candidates(kind, n_bytes) if t is not None), default=None
+            )
+        collective = COLLECTIVES.get(algorithm)
+        if kind not in collective.kinds or self.world_size < 2:
+            return None
+        if isinstance(collective, Hierarchical) and collective.ranks_per_node is None:
+            collective = Hierarchical(ranks_per_node=self.ranks_per_node)
+        n_elements = max(1, int(n_bytes) // 4)
+        schedule = collective.schedule(self.world_size, n_elements, kind)
+        return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)
+
+    def candidates(self, kind: str, n_bytes: float) -> list[tuple[str, float | None]]:
+        """Every algorithm implementing ``kind`` (but the naive oracle) with its prediction."""
+        from tether.comm.collectives.registry import collectives_for
+
+        names = [n for n in collectives_for(kind) if n not in ("auto", "naive")]
+        return [(name, self.predict(name, kind, n_bytes)) for name in names]
+
+    def choose(self, kind: str, n_bytes: float) -> str:
+        """The algorithm with the smallest predicted time; native when nothing is predicted."""
+        timed = [(t, name) for name, t in self.candidates(kind, n_bytes) if t is not None]
+        return min(timed)[1] if timed else "native"
+
+    def to_json(self) -> str:
+        return json.dumps({"version": VERSION, **asdict(self)}, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> Calibration:
+        data = json.loads(text)
+        if data.pop("version", None) != VERSION:
+            raise ValueError("calibration file from another version")
+        data["native"] = {k: [tuple(p) for p in v] for k, v in data["native"].items()}
+        return Calibration(**data)
+
+
+def _one_way_time(transport: Transport, a: int, b: int, n_bytes: int, reps: int) -> float:
+    """Half the round trip of ``n_bytes`` between ranks a and b (other ranks return 0)."""
+    buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
+    rank = transport.rank
+    if rank not in (a, b):
+        return 0.0
+    peer = b if rank == a else a
+    for i in range(reps + 1):  # the first round trip warms the connection up, untimed
+        if i == 1:
+            start = time.perf_counter()
+        if rank == a:
+            transport.exchange([(buf, peer)], [], CALIBRATION_TAG)
+            transport.exchange([], [(buf, peer)], CALIBRATION_TAG)
+        else:
+            transport.exchange([], [(buf, peer)], CALIBRATION_TAG)
+            transport.exchange([(buf, peer)], [], CALIBRATION_TAG)
+    return (time.perf_counter() - start) / (2 * reps)
+
+
+def _link(transport: Transport, a: int, b: int) -> tuple[float, float]:
+    """(alpha, beta) of the link between ranks a and b, measured on rank a."""
+    times = [_one_way_time(transport, a, b, n, 30 if n < 1024 else 5) for n in PING_SIZES]
+    alpha = times[0]
+    beta = max(0.0, (times[2] - times[1]) / (PING_SIZES[2] - PING_SIZES[1]))
+    return alpha, beta
+
+
+def _gamma() -> float:
+    x, y = torch.ones(1 << 20), torch.ones(1 << 20)  # 4 MiB of float32
+    x.add_(y)
+    start = time.perf_counter()
+    for _ in range(5):
+        x.add_(y)
+    return (time.perf_counter() - start) / (5 * x.numel() * 4)
+
+
+def _native_times(transport: Transport, kind: str) -> list[tuple[float, float]]:
+    """Median over repeats of the slowest rank's time of the backend's own collective."""
+    points = []
+    for n_bytes in NATIVE_SIZES:
+        buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
+        samples = []
+        for i in range(8 if n_bytes < (1 << 20) else 4):
+            transport.barrier()
+            start = time.perf_counter()
+            if kind == "all_reduce":
+                transport.all_reduce(buf)
+            else:
+                transport.broadcast(buf, 0)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            transport.all_reduce(elapsed, "max")
+            if i:  # the first call sets up the backend's buffers
+                samples.append(float(elapsed))
+        samples.sort()
+        points.append((float(n_bytes), samples[len(samples) // 2]))
+    return points
+
+
+def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> Calibration:
+    """Measure alpha, beta, gamma (and the inter-node alpha, beta) and the backend's collectives.
+    Collective: every rank calls it; every rank returns rank 0's numbers."""
+    world = transport.world_size
+    values = torch.zeros(5, dtype=torch.float64)
+    if world >= 2:
+        alpha, beta = _link(transport, 0, 1)
+        inter_alpha, inter_beta = alpha, beta
+        if ranks_per_node < world:
+            inter_alpha, inter_beta = _link(transport, 0, ranks_per_node)
+        values = torch.tensor([alpha, beta, _gamma(), inter_alpha, inter_beta], dtype=torch.float64)
+        transport.broadcast(values, 0)
+    native = {kind: _native_times(transport, kind) for kind in KINDS} if world >= 2 else {}
+    a, b, g, ia, ib = (float(v) for v in values)
+    return Calibration(
+        world_size=world,
+        ranks_per_node=ranks_per_node,
+        alpha=a,
+        beta=b,
+        gamma=g,
+        inter_alpha=ia,
+        inter_beta=ib,
+        native=native,
+        backend=backend,
+        host=socket.gethostname(),
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def cache_path(backend: str, world_size: int, ranks_per_node: int) -> Path:
+    from tether.launch.env import cache_dir
+
+    host = socket.gethostname()
+    return cache_dir() / "calibration" / f"{host}-{backend}-p{world_size}-g{ranks_per_node}.json"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def load_or_calibrate(
+    transport: Transport,
+    ranks_per_node: int | None = None,
+    refresh: bool = False,
+    backend: str | None = None,
+) -> Calibration:
+    """The cached calibration of this host/backend/group shape, measured once if there is none
+    (or ``refresh``). Collective: rank 0 decides and its result reaches every rank."""
+    from tether.comm.collectives.hierarchical import Hierarchical
+
+    world = transport.world_size
+    per_node = ranks_per_node or Hierarchical().nodes_of(world)
+    backend = backend if backend is not None else _backend_name()
+    path = cache_path(backend, world, per_node)
+    cached: Calibration | None = None
+    if transport.rank == 0 and not refresh and path.exists():
+        try:
+            cached = Calibration.from_json(path.read_text())
+        except (ValueError, TypeError, KeyError):
+            cached = None  # unreadable or stale format: measure again
+    have = torch.tensor([1 if cached is not None else 0], dtype=torch.int64)
+    if world > 1:
+        transport.broadcast(have, 0)
+    if int(have):
+        return _share(transport, cached)
+    result = calibrate(transport, per_node, backend)
+    if transport.rank == 0:
+        _write_atomically(path, result.to_json())
+    return result
+
+
+def _share(transport: Transport, calibration: Calibration | None) -> Calibration:
+    """Rank 0's calibration on every rank: the JSON text as bytes, its length sent first."""
+    if transport.world_size == 1:
+        assert calibration is not None
+        return calibration
+    data = calibration.to_json().encode() if calibration is not None else b""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    transport.broadcast(length, 0)
+    buf = torch.zeros(int(length), dtype=torch.uint8)
+    if transport.rank == 0:
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    transport.broadcast(buf, 0)
+    return Calibration.from_json(bytes(buf.tolist()).decode())
+
+
+def _backend_name() -> str:
+    import torch.distributed as dist
+
+    return str(dist.get_backend()) if dist.is_initialized() else "mpi"

@@ -1,0 +1,83 @@
+"""The hierarchical (two-level) schedules: what they compute for every split of ranks into nodes,
+and that they move fewer bytes across nodes than the flat ring (ALGORITHMS.md section 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tether.comm.collectives import simulate
+from tether.comm.collectives.hierarchical import (
+    Hierarchical,
+    hierarchical_all_reduce,
+    hierarchical_broadcast,
+)
+from tether.comm.collectives.ring import ring_all_reduce
+from tether.errors import TetherError
+
+SPLITS = [(p, g) for p in range(1, 10) for g in range(1, p + 1) if p % g == 0]
+
+
+def _inputs(world: int, n: int) -> list[torch.Tensor]:
+    return [torch.arange(n, dtype=torch.float64) * (r + 1) + r for r in range(world)]
+
+
+@pytest.mark.parametrize(("world", "per_node"), SPLITS)
+def test_all_reduce_sums_everywhere_for_every_node_split(world: int, per_node: int) -> None:
+    schedule = hierarchical_all_reduce(world, per_node)
+    for n in sorted({1, max(world - 1, 1), 7, world * 3 + 1, 100}):
+        inputs = _inputs(world, n)
+        total = torch.stack(inputs).sum(0)
+        assert all(torch.equal(t, total) for t in simulate(schedule, inputs)), (world, per_node, n)
+
+
+@pytest.mark.parametrize(("world", "per_node"), SPLITS)
+def test_broadcast_copies_the_root_for_every_node_split(world: int, per_node: int) -> None:
+    for root in {0, world - 1, world // 2}:
+        inputs = _inputs(world, 9)
+        out = simulate(hierarchical_broadcast(world, per_node, root), inputs)
+        assert all(torch.equal(t, inputs[root]) for t in out), (world, per_node, root)
+
+
+def _inter_node_elements(schedule, n: int, per_node: int) -> list[int]:
+    sent = [0] * schedule.world_size
+    for step in schedule.steps:
+        if step.src // per_node != step.dst // per_node:
+            sent[step.src] += schedule.step_elements(step, n)
+    return sent
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(2, 2), (2, 4), (3, 2), (4, 2)])
+def test_fewer_bytes_cross_nodes_than_with_the_flat_ring(nodes: int, per_node: int) -> None:
+    world, n = nodes * per_node, 240_000
+    hier = _inter_node_elements(hierarchical_all_reduce(world, per_node), n, per_node)
+    flat = _inter_node_elements(ring_all_reduce(world), n, per_node)
+    # every rank sends 2(N-1)/N * n/G across nodes; the flat ring's crossing ranks 2(P-1)/P * n
+    assert hier == [2 * (nodes - 1) * n // (nodes * per_node)] * world
+    assert max(flat) == 2 * (world - 1) * n // world
+    # per node (its one link): 2(N-1)/N * n against the flat ring's 2(P-1)/P * n
+    for k in range(nodes):
+        node = slice(k * per_node, (k + 1) * per_node)
+        assert sum(hier[node]) < sum(flat[node])
+
+
+def test_rounds_and_the_degenerate_splits() -> None:
+    # 2(G-1) intra rounds + 2(N-1) inter rounds
+    assert hierarchical_all_reduce(8, 4).num_rounds == 2 * 3 + 2 * 1
+    # one rank per node is the flat ring; one node is the ring inside it
+    for world in (2, 3, 5):
+        flat = ring_all_reduce(world)
+        for per_node in (1, world):
+            hier = hierarchical_all_reduce(world, per_node)
+            assert hier.num_rounds == flat.num_rounds
+            assert {(s.src, s.dst) for s in hier.steps} == flat.links()
+
+
+def test_node_membership_errors_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TetherError, match="--ranks-per-node"):
+        hierarchical_all_reduce(6, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert Hierarchical().nodes_of(4) == 2
+    assert Hierarchical(ranks_per_node=4).nodes_of(4) == 4
+    # a group the launch's node size does not divide is treated as one node
+    assert Hierarchical().nodes_of(3) == 3
