@@ -53,9 +53,7 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 
 def _train_tether(rank: int, world: int, bucket_mb: float, **options: str) -> torch.Tensor:
     x, y = _data()
-    config = TrainConfig(
-        lr=LR, momentum=MOMENTUM, weight_decay=WD, bucket_mb=bucket_mb, **options
-    )  # type: ignore[arg-type]
+    config = TrainConfig(lr=LR, momentum=MOMENTUM, weight_decay=WD, bucket_mb=bucket_mb, **options)  # type: ignore[arg-type]
     method = SyncSGD(_model(), MethodContext(config, TorchTransport(), torch.device("cpu")))
     sampler = GlobalBatchSampler(len(x), PER_WORKER * world, seed=3)
     for step in range(STEPS):
