@@ -23,6 +23,7 @@ host in :func:`tether.launch.env.cache_dir`.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 import os
@@ -32,11 +33,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tether.comm.collectives.schedule import NodeLinks, cost
 from tether.comm.transport import Transport
+
+if TYPE_CHECKING:
+    from tether.comm.collectives.base import Collective
 
 CALIBRATION_TAG = 7900
 NATIVE_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which native collectives are timed
@@ -85,23 +90,32 @@ class Calibration:
         w = (math.log(n_bytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
         return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
 
-    def predict(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
-        """Predicted seconds of ``algorithm``'s ``kind`` on ``n_bytes`` bytes; None where there is
-        no model (an algorithm that does not implement ``kind``, or native not measured)."""
+    def instantiate(self, algorithm: str) -> Collective:
+        """The registered algorithm with this calibration's parameters: the chain's chunk count
+        from the measured alpha and beta, the hierarchical node size that was calibrated."""
+        from tether.comm.collectives.chain import Chain
         from tether.comm.collectives.hierarchical import Hierarchical
         from tether.comm.collectives.registry import COLLECTIVES
 
+        collective = COLLECTIVES.get(algorithm)
+        if isinstance(collective, Chain) and collective.chunks is None and self.alpha > 0:
+            return dataclasses.replace(collective, alpha=self.alpha, beta=self.beta)
+        if isinstance(collective, Hierarchical) and collective.ranks_per_node is None:
+            return Hierarchical(ranks_per_node=self.ranks_per_node)
+        return collective
+
+    def predict(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
+        """Predicted seconds of ``algorithm``'s ``kind`` on ``n_bytes`` bytes; None where there is
+        no model (an algorithm that does not implement ``kind``, or native not measured)."""
         if algorithm == "native":
             return self.native_time(kind, n_bytes)
         if algorithm == "auto":
             return min(
                 (t for _, t in self.candidates(kind, n_bytes) if t is not None), default=None
             )
-        collective = COLLECTIVES.get(algorithm)
+        collective = self.instantiate(algorithm)
         if kind not in collective.kinds or self.world_size < 2:
             return None
-        if isinstance(collective, Hierarchical) and collective.ranks_per_node is None:
-            collective = Hierarchical(ranks_per_node=self.ranks_per_node)
         n_elements = max(1, int(n_bytes) // 4)
         schedule = collective.schedule(self.world_size, n_elements, kind)
         return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)

@@ -47,14 +47,8 @@ class Auto(Collective):
         calibration = self.calibrated(transport)
         key = (kind, n_bytes)
         if key not in self._choices:
-            from tether.comm.collectives.hierarchical import Hierarchical
-            from tether.comm.collectives.registry import COLLECTIVES
-
-            name = calibration.choose(kind, n_bytes)
-            chosen = COLLECTIVES.get(name)
-            if name == "hierarchical":  # the node size the calibration priced
-                chosen = Hierarchical(ranks_per_node=calibration.ranks_per_node)
-            self._choices[key] = chosen
+            # with the parameters the calibration priced (chain chunks, node size)
+            self._choices[key] = calibration.instantiate(calibration.choose(kind, n_bytes))
         return self._choices[key]
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:

@@ -20,7 +20,8 @@ from tether.comm.collectives.base import Collective, run_schedule
 from tether.comm.collectives.schedule import Schedule, Step
 from tether.comm.transport import Transport
 
-# Placeholders of the order of gloo over loopback TCP until a calibration replaces them.
+# Of the order of gloo over loopback TCP; `auto` and `tether bench comm` use the measured values
+# (tether.perf.calibration.Calibration.instantiate).
 DEFAULT_ALPHA = 50e-6  # seconds per message
 DEFAULT_BETA = 1e-9  # seconds per byte
 MAX_CHUNKS = 1024
