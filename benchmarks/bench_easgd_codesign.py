@@ -50,8 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_methods import ForeignLoad
-from bench_sync_sgd import NOTES_MARKER, machine, machine_slug
+from _common import ForeignLoad, machine, machine_slug, tether_command, write_result
 
 # name -> (method, --set overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -64,15 +63,10 @@ BEST, ORIGINAL = "sync-easgd", "original-easgd"
 NO_OVERLAP, PER_LAYER = "sync-easgd overlap=false", "sync-easgd single_message=false"
 
 
-def _tether_command() -> list[str]:
-    script = Path(sys.executable).with_name("tether")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tether"]
-
-
 def train_argv(args: argparse.Namespace, variant: str, workers: int, out: Path) -> list[str]:
     method, sets = VARIANTS[variant]
     argv = [
-        *_tether_command(),
+        *tether_command(),
         "train",
         "--method",
         method,
@@ -313,13 +307,7 @@ def write_markdown(
         "for its turn is in its comm).",
         "",
     ]
-    kept = ""
-    if path.exists():
-        old = path.read_text()
-        if NOTES_MARKER in old:
-            kept = old.split(NOTES_MARKER, 1)[1]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + NOTES_MARKER + (kept if kept else "\n"))
+    write_result(path, lines)
 
 
 def main() -> None:

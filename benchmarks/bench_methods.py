@@ -41,13 +41,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from bench_sync_sgd import NOTES_MARKER, machine, machine_slug
+from _common import ForeignLoad, machine, machine_slug, tether_command, write_result
 from tether.methods import METHODS
 from tether.observe.compare import markdown_table
 
@@ -64,106 +63,13 @@ PAIRS = (
 )
 
 
-class ForeignLoad:
-    """CPU used by processes outside this benchmark's process tree, sampled from ``/proc``.
-
-    Other work on a shared machine (a test suite, another benchmark) slows the methods that run
-    while it does; this records how many cores it kept busy, over time, so that a result file can
-    say which of its numbers were measured on a busy machine. Linux only; elsewhere it reports
-    nothing.
-    """
-
-    def __init__(self, interval_s: float = 1.0) -> None:
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, float]] = []  # (time, foreign cores since last sample)
-        self.names: dict[str, float] = {}  # command name -> foreign CPU seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    @staticmethod
-    def _snapshot() -> dict[int, tuple[int, int, str, int]]:
-        """pid -> (parent pid, CPU ticks used, command name, start time)."""
-        procs = {}
-        try:
-            entries = os.listdir("/proc")
-        except OSError:
-            return procs
-        for entry in entries:
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2 :].split()
-            procs[int(entry)] = (
-                int(fields[1]),
-                int(fields[11]) + int(fields[12]),
-                name,
-                int(fields[19]),
-            )
-        return procs
-
-    def _foreign(self, procs: dict[int, tuple[int, int, str, int]]) -> set[int]:
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, *_) in procs.items():
-            children.setdefault(ppid, []).append(pid)
-        ours, todo = set(), [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            ours.add(pid)
-            todo.extend(children.get(pid, []))
-        return set(procs) - ours
-
-    def _run(self) -> None:
-        prev, last = self._snapshot(), time.perf_counter()
-        while not self._stop.wait(self.interval_s):
-            now_procs, now = self._snapshot(), time.perf_counter()
-            ticks = 0
-            for pid in self._foreign(now_procs):
-                _, cpu, name, started = now_procs[pid]
-                before = prev.get(pid)
-                # A pid seen before with the same start time is the same process (kernel
-                # threads rename themselves); otherwise it is new and all its CPU counts.
-                delta = cpu - (before[1] if before and before[3] == started else 0)
-                if delta > 0:
-                    ticks += delta
-                    self.names[name] = self.names.get(name, 0.0) + delta / self._tick
-            self.samples.append((now, ticks / self._tick / max(now - last, 1e-9)))
-            prev, last = now_procs, now
-
-    def __enter__(self) -> ForeignLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def cores(self, start: float = -math.inf, end: float = math.inf) -> float:
-        """Mean foreign cores busy between two ``time.perf_counter()`` values."""
-        inside = [c for t, c in self.samples if start < t <= end]
-        return sum(inside) / len(inside) if inside else 0.0
-
-    def top(self, n: int = 3) -> str:
-        busy = sorted(self.names.items(), key=lambda kv: -kv[1])[:n]
-        return ", ".join(f"{name} {sec:.0f} s" for name, sec in busy if sec >= 1) or "none"
-
-
-def _tether_command() -> list[str]:
-    script = Path(sys.executable).with_name("tether")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tether"]
-
-
 def run_compare(
     args: argparse.Namespace, out: Path
 ) -> tuple[dict[str, Any], str, float, dict[str, tuple[float, float]]]:
     """Run ``tether compare`` into ``out``; return compare.json, the shown command, its wall
     seconds and each method's (start, end) in ``time.perf_counter()`` time."""
     argv = [
-        *_tether_command(),
+        *tether_command(),
         "compare",
         "--workers",
         str(args.workers),
@@ -433,13 +339,7 @@ def write_markdown(
         "1.5-2 s of training here), so differences smaller than that are not resolved.",
         "",
     ]
-    kept = ""
-    if path.exists():
-        old = path.read_text()
-        if NOTES_MARKER in old:
-            kept = old.split(NOTES_MARKER, 1)[1]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + NOTES_MARKER + (kept if kept else "\n"))
+    write_result(path, lines)
 
 
 def main() -> None:

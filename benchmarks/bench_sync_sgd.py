@@ -35,8 +35,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -51,6 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from _common import machine, machine_slug, tether_command, write_result
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler, load_dataset
@@ -59,7 +58,6 @@ from tether.methods import MethodContext, StepTimes
 from tether.methods.sync_sgd import SyncSGD
 from tether.models import build_model
 
-NOTES_MARKER = "<!-- hand-written notes below this line are kept when the benchmark re-runs -->"
 DDP_DEFAULT_BUCKET_MB = 25.0  # torch's default bucket_cap_mb (the first bucket is 1 MiB)
 SYSTEMS = ("tether", "ddp", "tether-unfused")
 LABELS = {
@@ -233,16 +231,11 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- part 2: time to target ----------------------------------------------------------------------
-def _tether_command() -> list[str]:
-    script = Path(sys.executable).with_name("tether")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tether"]
-
-
 def run_time_to_target(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-tta-") as tmp:
         out = Path(tmp) / "run"
         argv = [
-            *_tether_command(),
+            *tether_command(),
             "train",
             "--workers",
             str(args.workers),
@@ -297,29 +290,6 @@ def run_time_to_target(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- reporting ------------------------------------------------------------------------------------
-def machine() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "host": platform.node(),
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-
-
-def machine_slug(info: dict[str, str]) -> str:
-    cpu = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
-    return f"{cpu}-{info['cores']}cores"
-
-
 def throughput_table(tp: dict[str, Any]) -> list[str]:
     ddp = tp["systems"]["ddp"]["median"]
     lines = [
@@ -473,14 +443,7 @@ def write_markdown(
             "",
         ]
     lines += ["## Reading", "", *reading(args, tp, tta), ""]
-    kept = ""
-    if path.exists():
-        old = path.read_text()
-        if NOTES_MARKER in old:
-            kept = old.split(NOTES_MARKER, 1)[1]
-    text = "\n".join(lines) + "\n" + NOTES_MARKER + (kept if kept else "\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_result(path, lines)
 
 
 def main() -> None:
