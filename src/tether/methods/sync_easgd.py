@@ -25,7 +25,7 @@ from tether.methods.elastic import elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.local_step import PlainStep
 from tether.methods.registry import METHODS
-from tether.methods.sync_sgd import broadcast_parameters
+from tether.methods.replicated import broadcast_parameters
 from tether.observe.metrics import PhaseTotals
 
 

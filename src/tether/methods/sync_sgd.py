@@ -20,47 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.comm.fusion import GradientBucketer
-from tether.comm.reducer import build_reducer
-from tether.methods.base import MethodContext, StepTimes, TrainingMethod
+from tether.methods.base import MethodContext, StepTimes
 from tether.methods.registry import METHODS
-
-
-def broadcast_parameters(model: nn.Module, transport, src: int = 0) -> None:
-    """Make every replica start from rank ``src``'s weights (and buffers, e.g. batch-norm stats)."""
-    for tensor in [*model.parameters(), *model.buffers()]:
-        transport.broadcast(tensor.data, src=src)
-
-
-def average_buffers(model: nn.Module, transport) -> None:
-    """Average floating-point buffers (batch-norm running statistics) over the replicas.
-
-    Gradients keep the weights identical, but each replica's running statistics see only its own
-    shard; averaging them before evaluation makes every replica evaluate the same model. One
-    flat all-reduce, not one per buffer.
-    """
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if not buffers or transport.world_size == 1:
-        return
-    flat = torch.cat([b.reshape(-1) for b in buffers])
-    transport.all_reduce(flat)
-    flat.div_(transport.world_size)
-    offset = 0
-    for b in buffers:
-        b.copy_(flat[offset : offset + b.numel()].view_as(b))
-        offset += b.numel()
-
-
-def make_sgd(model: nn.Module, config) -> torch.optim.SGD:
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-    )
+from tether.methods.replicated import ReplicatedMethod, average_buffers
 
 
 @METHODS.register("sync-sgd", help="synchronous SGD: bucketed all-reduce of gradients, overlapped")
-class SyncSGD(TrainingMethod):
+class SyncSGD(ReplicatedMethod):
     """Synchronous SGD with tensor fusion and communication overlapped with backward.
 
     Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
@@ -73,16 +39,9 @@ class SyncSGD(TrainingMethod):
 
     def __init__(self, model: nn.Module, context: MethodContext) -> None:
         super().__init__(model, context)
-        self.optimizer = make_sgd(model, self.config)
-        self.reducer = build_reducer(self.transport, self.config)
         self.bucketer = GradientBucketer(
             list(model.parameters()), self.reducer, self.config.bucket_mb or None
         )
-        self.rounds = 0
-
-    def start(self, step: int = 0) -> None:
-        super().start(step)
-        broadcast_parameters(self.model, self.transport)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
         start = time.perf_counter()
