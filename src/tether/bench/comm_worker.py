@@ -1,0 +1,263 @@
+"""One rank of ``tether bench comm``: ``python -m tether.bench.comm_worker [options] --out FILE``.
+
+The same program runs under every launcher, so that a single-machine run and a cluster run
+measure the same thing:
+
+* ``tether bench comm`` starts it on local ranks through torch's elastic launcher;
+* across nodes, start it with torchrun on every node, e.g.
+  ``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+  -m tether.bench.comm_worker --op allreduce --out comm.json --png comm.png --table``;
+* ``--transport mpi`` runs it under ``mpiexec`` on the MPI transport (mpi4py).
+
+Rank 0 writes the report (JSON) to ``--out``, and with ``--png``/``--table`` the plot and the
+table. Every rank arms a deadline of ``--timeout`` seconds: past it, Python's faulthandler (a C
+thread, which fires even while the rank is blocked inside a collective) writes the rank's stacks
+next to ``--out`` (``hang-rankR.txt``) and ends the process, so a hung rank never hangs the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import os
+import platform
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from tether.bench.comm import (
+    BACKSTOP_S,
+    CommBenchArgs,
+    add_bench_options,
+    args_from_namespace,
+    finish_report,
+    format_table,
+    hang_file,
+    measure,
+    plot_report,
+)
+from tether.errors import TetherError
+
+Predict = Callable[[str, str, float], float | None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tether.cli import OneLineParser
+
+    parser = OneLineParser(
+        prog="python -m tether.bench.comm_worker",
+        description="One rank of `tether bench comm`; start it with a launcher (torchrun, "
+        "mpiexec). Rank 0 writes the report.",
+    )
+    add_bench_options(parser)
+    parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="report (JSON)")
+    parser.add_argument("--png", type=Path, metavar="FILE", help="also plot the report here")
+    parser.add_argument("--table", action="store_true", help="rank 0 prints the table on stdout")
+    # Test hook: this rank sleeps instead of measuring (the deadline must end the run).
+    parser.add_argument("--debug-hang-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+class Deadline:
+    """faulthandler's watchdog: at ``seconds``, dump every thread's stack to a file and exit.
+
+    Armed before the transport exists, under a name of this process; :meth:`name_rank` renames
+    the file once the rank is known (an MPI rank learns its rank only from MPI)."""
+
+    def __init__(self, out: Path, seconds: float) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = out.parent / f"hang-pid{os.getpid()}.txt"
+        self.handle: IO[str] = self.path.open("w")
+        faulthandler.dump_traceback_later(seconds, exit=True, file=self.handle)
+
+    def name_rank(self, path: Path) -> None:
+        self.path = self.path.rename(path)  # the open handle follows the file
+
+    def cancel(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        self.handle.close()
+        if not self.path.stat().st_size:
+            self.path.unlink()
+
+
+class Placement:
+    """The initialised transport of this rank and what the measurement needs around it."""
+
+    def __init__(self, args: CommBenchArgs) -> None:
+        self.device = torch.device("cpu")
+        self.backend = "mpi" if args.transport == "mpi" else "gloo"
+        self.sync: Callable[[], None] = lambda: None
+        self.all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self.transport: Any
+        if args.transport == "mpi":
+            self._init_mpi()
+        else:
+            self._init_torch(args)
+
+    def _init_torch(self, args: CommBenchArgs) -> None:
+        import torch.distributed as dist
+
+        from tether.comm.transport import TorchTransport
+        from tether.launch.env import DistEnv
+        from tether.launch.worker import resolve_backend
+
+        env = DistEnv.read()
+        if not env.launched:
+            raise TetherError(
+                "the comm worker runs under a launcher: `tether bench comm`, torchrun, or "
+                "mpiexec with --transport mpi"
+            )
+        self.backend = resolve_backend(args.backend)
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", env.local_rank)
+            torch.cuda.set_device(self.device)
+            self.sync = torch.cuda.synchronize
+        dist.init_process_group(
+            self.backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=args.timeout_s + BACKSTOP_S),
+        )
+        self.transport = TorchTransport()
+        group = self.transport.group
+
+        def all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
+            dist.all_gather_into_tensor(out, inp, group=group)
+
+        self.all_gather = all_gather
+
+    def _init_mpi(self) -> None:
+        try:
+            from tether.comm.mpi_transport import MPITransport
+        except ImportError as exc:
+            raise TetherError(f"--transport mpi is not available here: {exc}") from None
+        self.backend = "mpi"
+        self.transport = transport = MPITransport()
+
+        def all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
+            transport.comm.Allgather(inp.numpy(), out.numpy())  # MPI's own, on host buffers
+
+        self.all_gather = getattr(transport, "all_gather", all_gather)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def predictor(transport: Any, args: CommBenchArgs) -> tuple[Predict | None, dict[str, Any]]:
+    """The alpha-beta-gamma prediction of :mod:`tether.perf.calibration` (collective: every rank
+    loads or measures the calibration), and what the report says about where it came from."""
+    if not args.predict:
+        return None, {"source": None, "reason": "--no-predict"}
+    try:
+        from tether.perf.calibration import load_or_calibrate
+    except ImportError:
+        return None, {"source": None, "reason": "tether.perf.calibration is not available"}
+    if transport.rank == 0:
+        print(
+            "tether bench: calibration for the predictions (measured once, then cached)",
+            file=sys.stderr,
+            flush=True,
+        )
+    calibration = load_or_calibrate(transport)
+
+    def predict(algo: str, kind: str, n_bytes: float) -> float | None:
+        try:
+            return calibration.predict(algo, kind, n_bytes)
+        except TetherError:  # e.g. an algorithm that refuses this group size
+            return None
+
+    fields = ("alpha", "beta", "gamma", "ranks_per_node", "backend", "host", "measured_at")
+    info = {name: getattr(calibration, name, None) for name in fields}
+    return predict, {"source": "tether.perf.calibration", **info}
+
+
+@record
+def run(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse_args(argv)
+    args = args_from_namespace(ns)
+    deadline = Deadline(ns.out, args.timeout_s)
+    placement: Placement | None = None
+    try:
+        torch.set_num_threads(1)  # N ranks on a few cores must not oversubscribe them
+        placement = Placement(args)
+        deadline.name_rank(hang_file(ns.out, placement.transport.rank))
+        _run_rank(placement, args, ns)
+    finally:
+        if placement is not None:
+            placement.close()
+        deadline.cancel()
+
+
+def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace) -> None:
+    transport = placement.transport
+    if ns.debug_hang_rank == transport.rank:
+        time.sleep(args.timeout_s + 2 * BACKSTOP_S)
+    predict, predictions = predictor(transport, args)
+    raw = measure(
+        transport,
+        args,
+        placement.device,
+        placement.sync,
+        placement.all_gather,
+        predict,
+        progress=sys.stderr if transport.rank == 0 else None,
+    )
+    if transport.rank != 0:
+        return
+    from tether.observe.files import atomic_write_json
+
+    meta = {
+        "benchmark": "comm",
+        "op": args.op,
+        "workers": transport.world_size,
+        "transport": args.transport,
+        "backend": placement.backend,
+        "device": str(placement.device),
+        "host": socket.gethostname(),
+        "machine": f"{platform.machine()} {platform.processor()}".strip(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "root": 0 if args.kind in ("broadcast", "reduce") else None,
+        "algos": list(args.algos),
+        "predictions": predictions,
+    }
+    report = finish_report(raw, meta)
+    atomic_write_json(ns.out, report)
+    if ns.png is not None:
+        plot_report(report, ns.png)
+    if ns.table:
+        print(format_table(report), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tether.launch.env import elastic_error_file
+
+    try:
+        run(argv)
+    except KeyboardInterrupt:  # the launcher is stopping the run
+        return 128 + signal.SIGINT
+    except TetherError as exc:
+        if elastic_error_file() is None:
+            print(f"tether: error: {exc}", file=sys.stderr)
+            return 2
+        return 1  # @record wrote it for the launcher, which reports it in one line
+    except Exception:
+        if elastic_error_file() is None:
+            raise
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""`tether bench comm` end to end: real ranks, a real report, and a hung rank that cannot hang it."""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tether.bench import comm
+from tether.errors import WorkerFailure
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_allreduce_ring_and_native(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path / "cache"))  # a fresh calibration
+    out = tmp_path / "bench"
+    result = run_cli(
+        "bench",
+        "comm",
+        "--op",
+        "allreduce",
+        "--algo",
+        "ring,native",
+        "--sizes",
+        "4B:4KB",
+        "--workers",
+        "2",
+        "--repeats",
+        "3",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "comm.json").read_text())
+    assert report["workers"] == 2 and report["op"] == "allreduce" and report["backend"] == "gloo"
+    assert report["command"].startswith("tether bench comm --op allreduce")
+    sizes = [4 << i for i in range(11)]  # 4 B .. 4 KiB
+    assert [(r["algo"], r["bytes"]) for r in report["rows"]] == [
+        (algo, size) for size in sizes for algo in ("ring", "native")
+    ]
+    for row in report["rows"]:
+        assert row["correct"] is True
+        assert row["repeats"] == 3 and len(row["times_s"]) == 3 and row["time_s"] > 0
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(P-1)/P = 1 for P = 2
+        assert row["vs_native"] is not None and row["vs_native"] > 0
+        assert row["predicted_s"] is not None and row["predicted_s"] > 0
+    assert report["predictions"]["source"] == "tether.perf.calibration"
+    assert (out / "comm.png").read_bytes()[:8] == PNG_MAGIC
+    assert not list(out.glob("hang-*.txt"))
+    table = result.stdout.strip().splitlines()
+    assert table[0].split()[:3] == ["size", "algo", "time_us"] and len(table) == 1 + 22
+    assert table[1].split()[:2] == ["4B", "ring"] and table[-1].split()[-1] == "yes"
+    assert "tether bench: 4B ring (1/11 sizes" in result.stderr  # progress
+
+
+def test_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
+    args = comm.resolve_args("allreduce", "native", "4B", repeats=1, predict=False)
+    argv = [*comm.worker_argv(args, tmp_path / "comm.json", 3.0), "--debug-hang-rank", "1"]
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        comm.launch_torch(2, argv, 3.0, tmp_path)
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert "did not finish within --timeout 3 s" in message and "\n" not in message
+    stacks = (tmp_path / "hang-rank1.txt").read_text()
+    assert "_run_rank" in stacks  # where rank 1 was stuck
+    assert elapsed < 3.0 + 30  # the deadline, plus starting Python and torch on a busy machine
+    assert not (tmp_path / "comm.json").exists()
+
+
+@pytest.mark.skipif(find_spec("mpi4py") is None, reason="mpi4py not installed (tether[mpi])")
+def test_broadcast_on_the_mpi_transport(tmp_path: Path) -> None:
+    from tether.launch.mpi import mpiexec_path
+
+    if mpiexec_path() is None:
+        pytest.skip("no mpiexec")
+    out = tmp_path / "bench"
+    result = run_cli(
+        "bench",
+        "comm",
+        "--transport",
+        "mpi",
+        "--op",
+        "broadcast",
+        "--algo",
+        "binomial,native",
+        "--sizes",
+        "4B,64KB",
+        "--workers",
+        "2",
+        "--repeats",
+        "2",
+        "--no-predict",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "comm.json").read_text())
+    assert report["transport"] == "mpi" and report["busbw_factor"] == 1.0
+    assert [(r["algo"], r["bytes"], r["correct"]) for r in report["rows"]] == [
+        ("binomial", 4, True),
+        ("native", 4, True),
+        ("binomial", 64 << 10, True),
+        ("native", 64 << 10, True),
+    ]
+    assert (out / "comm.png").read_bytes()[:8] == PNG_MAGIC
