@@ -193,7 +193,14 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
 
     bench = args_from_namespace(args)  # every option checked before anything starts
     out = args.out if args.out is not None else default_out_dir()
-    report = run_comm_bench(bench, args.workers, out, " ".join(args.command_line))
+    report = run_comm_bench(
+        bench,
+        args.workers,
+        out,
+        " ".join(args.command_line),
+        nodes=args.nodes,
+        link_mbit=args.link_mbit,
+    )
     print(f"tether: wrote {out / 'comm.json'} and {out / 'comm.png'}", file=sys.stderr)
     wrong = wrong_results(report)
     if wrong:
@@ -231,6 +238,18 @@ def add_bench_parser(sub: Any) -> None:
     )
     add_bench_options(comm)
     comm.add_argument("--workers", type=int, default=2, help="local ranks (default 2)")
+    comm.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="emulate this many nodes (network namespaces, needs root), --workers split evenly",
+    )
+    comm.add_argument(
+        "--link-mbit",
+        type=float,
+        default=None,
+        help="cap each emulated node's link at this many Mbit/s (tc tbf; default: unshaped)",
+    )
     comm.add_argument("--out", type=Path, metavar="DIR", help="output directory")
     comm.set_defaults(func=cmd_bench_comm)
 

@@ -320,3 +320,15 @@ def test_plot_is_written(tmp_path: Path) -> None:
     plot_report(fake_report(), path)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_emulated_node_layout_errors() -> None:
+    from tether.bench.emulated import check_nodes
+
+    check_nodes(4, 2, 1000.0)  # a valid layout passes
+    with pytest.raises(TetherError, match="does not split into --nodes 3"):
+        check_nodes(4, 3, None)
+    with pytest.raises(TetherError, match="give --nodes >= 2"):
+        check_nodes(4, 1, 100.0)
+    with pytest.raises(TetherError, match="--link-mbit must be > 0"):
+        check_nodes(4, 2, 0.0)

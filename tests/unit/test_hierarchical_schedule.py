@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.comm.collectives import simulate
+from tether.comm.collectives import NodeLinks, cost, simulate
 from tether.comm.collectives.hierarchical import (
     Hierarchical,
     hierarchical_all_reduce,
@@ -81,3 +81,19 @@ def test_node_membership_errors_and_environment(monkeypatch: pytest.MonkeyPatch)
     assert Hierarchical(ranks_per_node=4).nodes_of(4) == 4
     # a group the launch's node size does not divide is treated as one node
     assert Hierarchical().nodes_of(3) == 3
+
+
+def test_cost_prices_inter_node_steps_on_the_shared_node_link() -> None:
+    a, b, g, ia, ib, n = 1e-5, 1e-9, 0.0, 1e-4, 8e-9, 4e6
+    links = NodeLinks(ranks_per_node=2, alpha=ia, beta=ib)
+    # 2 nodes x 2: intra reduce-scatter + all-gather (n/2 each); two inter rounds in which BOTH
+    # ranks of a node send n/4 over the node's one link
+    expected = 2 * (a + n / 2 * b) + 2 * (ia + 2 * (n / 4) * ib)
+    assert cost(hierarchical_all_reduce(4, 2), n, a, b, g, links) == pytest.approx(expected)
+    # the flat ring crosses with one rank per node per round: 2(P-1) rounds of n/P each, every
+    # round paced by the slow link
+    assert cost(ring_all_reduce(4), n, a, b, g, links) == pytest.approx(6 * (ia + n / 4 * ib))
+    # without node links both collapse to the one-level closed form
+    assert cost(hierarchical_all_reduce(4, 2), n, a, b, g) == pytest.approx(
+        2 * (a + n / 2 * b) + 2 * (a + n / 4 * b)
+    )

@@ -741,11 +741,19 @@ def run_comm_bench(
     out_dir: Path,
     command: str = "",
     stdout: TextIO = sys.stdout,
+    nodes: int = 1,
+    link_mbit: float | None = None,
 ) -> dict[str, Any]:
-    """Launch ``workers`` local ranks, then print the table and write ``out_dir/comm.json`` and
+    """Launch ``workers`` local ranks (on ``nodes`` emulated nodes whose links are capped at
+    ``link_mbit`` when given), then print the table and write ``out_dir/comm.json`` and
     ``out_dir/comm.png``. Returns the report."""
+    from tether.bench.emulated import check_nodes, launch_emulated
+
     if workers < 2:
         raise TetherError("--workers must be >= 2 (a collective needs several ranks)")
+    check_nodes(workers, nodes, link_mbit)
+    if nodes > 1 and args.transport != "torch":
+        raise TetherError("--nodes runs torchrun across emulated nodes: use --transport torch")
     out_dir.mkdir(parents=True, exist_ok=True)
     out_file = out_dir / "comm.json"
     out_file.unlink(missing_ok=True)
@@ -757,12 +765,16 @@ def run_comm_bench(
     )
     if args.transport == "mpi":
         launch_mpi(workers, argv, args.timeout_s, out_dir)
+    elif nodes > 1:
+        launch_emulated(workers, nodes, link_mbit, WORKER_MODULE, argv, args.timeout_s, out_dir)
     else:
         launch_torch(workers, argv, args.timeout_s, out_dir)
     if not out_file.exists():
         raise WorkerFailure(f"the workers finished without writing {out_file}", [])
     report = json.loads(out_file.read_text())
     report["command"] = command
+    report["nodes"] = nodes
+    report["link_mbit"] = link_mbit
     from tether.observe.files import atomic_write_json
 
     atomic_write_json(out_file, report)

@@ -119,9 +119,9 @@ class Schedule:
 
 @dataclass(frozen=True)
 class NodeLinks:
-    """Two link levels for :func:`cost`: ranks ``node*ranks_per_node ...`` share a node, and a
-    step between nodes costs ``alpha + m*beta`` with these parameters instead of the intra-node
-    ones (the slow network of a hierarchical machine)."""
+    """Two link levels for :func:`cost`: ranks ``node*ranks_per_node ...`` share a node, whose
+    ONE link to the network (a NIC; a veth on emulated nodes) carries every byte its ranks send
+    to or receive from other nodes, at ``alpha + m*beta`` instead of the intra-node parameters."""
 
     ranks_per_node: int
     alpha: float
@@ -138,17 +138,30 @@ def cost(
 ) -> float:
     """Alpha-beta-gamma time of ``schedule`` for a vector of ``n_bytes`` bytes (seconds if the
     parameters are): each round costs its most expensive step, chunks are ``n/chunks`` bytes
-    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2. With
-    ``inter``, steps between nodes use its alpha and beta."""
+    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2.
+
+    With ``inter``, steps between nodes use its alpha and beta, and the steps of one round that
+    leave (or enter) the same node share its link: they cost ``alpha + (sum of their bytes)*beta``
+    together. Without that a hierarchical schedule, whose G ranks per node all cross at once,
+    would be priced as if each rank had a link of its own."""
     total = 0.0
     for steps in schedule.by_round:
         worst = 0.0
+        leaving: dict[int, float] = {}
+        entering: dict[int, float] = {}
         for s in steps:
             m = n_bytes * len(s.indices) / schedule.chunks
-            a, b = alpha, beta
+            reduce = m * gamma if s.op == "reduce" else 0.0
             if inter is not None and s.src // inter.ranks_per_node != s.dst // inter.ranks_per_node:
-                a, b = inter.alpha, inter.beta
-            worst = max(worst, a + m * b + (m * gamma if s.op == "reduce" else 0.0))
+                src, dst = s.src // inter.ranks_per_node, s.dst // inter.ranks_per_node
+                leaving[src] = leaving.get(src, 0.0) + m
+                entering[dst] = entering.get(dst, 0.0) + m
+                worst = max(worst, inter.alpha + m * inter.beta + reduce)
+            else:
+                worst = max(worst, alpha + m * beta + reduce)
+        if inter is not None:
+            for shared in (*leaving.values(), *entering.values()):
+                worst = max(worst, inter.alpha + shared * inter.beta)
         total += worst
     return total
 
