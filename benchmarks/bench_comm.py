@@ -1,0 +1,287 @@
+"""The communication layer's goals (issue 4), measured with ``tether bench comm`` in one run.
+
+Parts, each one ``tether bench comm`` subprocess whose ``comm.json`` is read back:
+
+1. ``allreduce``: every all-reduce algorithm and ``native`` (gloo) on this machine, 4 B to 64 MiB.
+   Goals: ``auto`` >= 1.0x native at every size (auto may pick native); ring >= 0.8x native at
+   >= 1 MiB.
+2. ``broadcast``: pipelined chain vs binomial tree (and native) from 1 MiB to 64 MiB on 4 ranks.
+   Goal: chain >= 1.5x binomial at >= 16 MiB.
+3. ``nodes``: 2 emulated nodes x 2 ranks (network namespaces, each node's link capped with tbf at
+   ``--link-mbit``), hierarchical vs flat ring (and native, auto). Goal: hierarchical faster than
+   ring at >= 1 MiB. Needs root; skipped with the reason otherwise.
+4. ``mpi``: small-message latency of the MPI transport (mpi4py + MPICH) vs gloo, native
+   all-reduce on 2 ranks. Goal: MPI <= 0.1x gloo's time at 4 B. Skipped without mpi4py.
+
+"x native" is native's median time divided by the algorithm's (> 1: faster than native). Every
+result is checked exactly by the benchmark itself; a wrong one fails the run. Writes
+``results/comm_<machine>.md`` with the tables, PASS/FAIL per goal, and the plots next to it.
+
+Run from the repository root (about 10 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/bench_comm.py
+    .venv/bin/python benchmarks/bench_comm.py --parts allreduce,mpi --workers 2
+
+Anything below the ``NOTES_MARKER`` line of an existing result file is kept when it is re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ForeignLoad, machine, machine_slug, tether_command, write_result
+
+PARTS = ("allreduce", "broadcast", "nodes", "mpi")
+MiB = 1 << 20
+
+
+def sizes(low: int, high: int, factor: int = 4) -> str:
+    out, n = [], low
+    while n <= high:
+        out.append(f"{n}B")
+        n *= factor
+    return ",".join(out)
+
+
+def bench(argv: list[str], out: Path, timeout_s: float) -> tuple[dict[str, Any], str, float]:
+    """Run ``tether bench comm ARGV --out OUT``; returns the report, the command and seconds."""
+    command = [*tether_command(), "bench", "comm", *argv, "--out", str(out)]
+    shown = "tether bench comm " + shlex.join(argv)
+    print(f"$ {shown}", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    seconds = time.perf_counter() - start
+    print(done.stdout, flush=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shown} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads((out / "comm.json").read_text()), shown, seconds
+
+
+def by_size(report: dict[str, Any]) -> dict[int, dict[str, dict[str, Any]]]:
+    table: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in report["rows"]:
+        table.setdefault(row["bytes"], {})[row["algo"]] = row
+    return table
+
+
+def human(n: int) -> str:
+    for unit, scale in (("MiB", MiB), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def time_table(report: dict[str, Any], reference: str = "native") -> list[str]:
+    """Median time per call (us) per algorithm and size, and each one's speed relative to
+    ``reference`` (reference time / its time)."""
+    rows = by_size(report)
+    algos = list(dict.fromkeys(r["algo"] for r in report["rows"]))
+    head = "| size | " + " | ".join(f"{a} us" for a in algos) + " | "
+    head += " | ".join(f"{a} x{reference}" for a in algos if a != reference) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(algos) - 1)]
+    for n, row in sorted(rows.items()):
+        ref = row.get(reference)
+        cells = [f"{row[a]['time_s'] * 1e6:.0f}" if a in row else "-" for a in algos]
+        ratios = [
+            f"{ref['time_s'] / row[a]['time_s']:.2f}" if ref and a in row else "-"
+            for a in algos
+            if a != reference
+        ]
+        lines.append(f"| {human(n)} | " + " | ".join(cells + ratios) + " |")
+    return lines
+
+
+def goal(
+    report: dict[str, Any], fast: str, slow: str, least: float, min_bytes: int, at_least: float
+) -> tuple[bool, str]:
+    """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes
+    (and <= ``least``-free: ``least`` is unused when 0). Returns (passed, the worst ratio line)."""
+    del least
+    ratios = [
+        (row[slow]["time_s"] / row[fast]["time_s"], n)
+        for n, row in sorted(by_size(report).items())
+        if n >= min_bytes and fast in row and slow in row
+    ]
+    if not ratios:
+        return False, "no sizes measured"
+    worst, at = min(ratios)
+    passed = worst >= at_least
+    failing = [human(n) for r, n in ratios if r < at_least]
+    detail = f"worst {worst:.2f}x at {human(at)}"
+    if failing:
+        detail += f"; below {at_least}x at {', '.join(failing)}"
+    return passed, detail
+
+
+def part_allreduce(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    argv = ["--op", "allreduce", "--sizes", sizes(4, 64 * MiB), "--workers", str(args.workers)]
+    argv += ["--repeats", str(args.repeats)]
+    report, shown, seconds = bench(argv, tmp / "allreduce", args.timeout)
+    goals = [
+        ("auto >= 1.0x native at every size", *goal(report, "auto", "native", 0, 0, 1.0)),
+        ("ring >= 0.8x native at >= 1 MiB", *goal(report, "ring", "native", 0, MiB, 0.8)),
+    ]
+    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+
+
+def part_broadcast(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    argv = ["--op", "broadcast", "--algo", "chain,binomial,native", "--sizes"]
+    argv += [sizes(MiB, 64 * MiB), "--workers", "4", "--repeats", str(args.repeats)]
+    report, shown, seconds = bench(argv, tmp / "broadcast", args.timeout)
+    goals = [
+        (
+            "chain >= 1.5x binomial at >= 16 MiB",
+            *goal(report, "chain", "binomial", 0, 16 * MiB, 1.5),
+        )
+    ]
+    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+
+
+def part_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from tether.launch.netns import available
+
+    reason = available()
+    if reason is not None:
+        return {"skipped": f"network namespaces unavailable: {reason}"}
+    argv = ["--op", "allreduce", "--algo", "ring,hierarchical,native,auto", "--sizes"]
+    argv += [sizes(64 * 1024, 64 * MiB), "--workers", "4", "--nodes", "2"]
+    argv += ["--link-mbit", f"{args.link_mbit:g}", "--repeats", str(args.repeats)]
+    report, shown, seconds = bench(argv, tmp / "nodes", args.timeout)
+    goals = [
+        (
+            "hierarchical faster than flat ring at >= 1 MiB (2 nodes x 2 ranks)",
+            *goal(report, "hierarchical", "ring", 0, MiB, 1.0),
+        )
+    ]
+    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+
+
+def part_mpi(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return {"skipped": "mpi4py is not installed (pip install 'tether[mpi]')"}
+    common = ["--op", "allreduce", "--algo", "native,ring", "--sizes", "4B,64B,1KB,64KB,1MB"]
+    common += ["--workers", "2", "--repeats", str(args.repeats), "--no-predict"]
+    gloo, gloo_cmd, s1 = bench([*common, "--transport", "torch"], tmp / "gloo", args.timeout)
+    mpi, mpi_cmd, s2 = bench([*common, "--transport", "mpi"], tmp / "mpi", args.timeout)
+    lines = ["| size | gloo native us | MPI native us | MPI / gloo | gloo ring us | MPI ring us |"]
+    lines.append("|---|---|---|---|---|---|")
+    g_rows, m_rows = by_size(gloo), by_size(mpi)
+    ratio_4b = None
+    for n in sorted(g_rows):
+        g, m = g_rows[n], m_rows.get(n, {})
+        ratio = m["native"]["time_s"] / g["native"]["time_s"] if "native" in m else None
+        if n == 4:
+            ratio_4b = ratio
+        lines.append(
+            f"| {human(n)} | {g['native']['time_s'] * 1e6:.1f} | "
+            f"{m['native']['time_s'] * 1e6:.1f} | {ratio:.3f} | "
+            f"{g['ring']['time_s'] * 1e6:.1f} | {m['ring']['time_s'] * 1e6:.1f} |"
+        )
+    passed = ratio_4b is not None and ratio_4b <= 0.1
+    detail = f"{ratio_4b:.3f}x at 4 B" if ratio_4b is not None else "4 B not measured"
+    return {
+        "table": lines,
+        "command": f"{gloo_cmd}\n{mpi_cmd}",
+        "seconds": s1 + s2,
+        "goals": [("MPI native all-reduce <= 0.1x gloo's time at 4 B", passed, detail)],
+        "report": mpi,
+    }
+
+
+def write_markdown(
+    path: Path, results: dict[str, dict[str, Any]], info: dict[str, str], args, load
+) -> None:
+    lines = [
+        "# Communication layer: our collectives against the backend's (tether bench comm)",
+        "",
+        f"- Machine: {info['host']}, {info['cpu']}, {info['cores']} cores, torch {info['torch']}, "
+        f"Python {info['python']}",
+        f"- Date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        f"- Command: `.venv/bin/python benchmarks/bench_comm.py {shlex.join(sys.argv[1:])}`",
+        f"- Other work on the machine during the run: {load[0]:.2f} cores busy on average "
+        f"({load[1]})",
+        "- Times: median over repeats of the slowest rank's time per call (nccl-tests scheme, "
+        "`tether bench comm --help`); `xnative` = native's time / the algorithm's (> 1 is faster).",
+        "",
+        "## Goals",
+        "",
+        "| goal | result | detail |",
+        "|---|---|---|",
+    ]
+    for part in results.values():
+        for name, passed, detail in part.get("goals", []):
+            lines.append(f"| {name} | {'PASS' if passed else 'FAIL'} | {detail} |")
+        if "skipped" in part:
+            lines.append(f"| (part skipped) | - | {part['skipped']} |")
+    titles = {
+        "allreduce": f"All-reduce, {args.workers} ranks on this machine (gloo over loopback)",
+        "broadcast": "Broadcast from rank 0, 4 ranks on this machine",
+        "nodes": f"All-reduce on 2 emulated nodes x 2 ranks, node links capped at "
+        f"{args.link_mbit:g} Mbit/s (tbf)",
+        "mpi": "MPI transport vs gloo, native and ring all-reduce, 2 ranks",
+    }
+    for key, part in results.items():
+        lines += ["", f"## {titles[key]}", ""]
+        if "skipped" in part:
+            lines += [f"Skipped: {part['skipped']}", ""]
+            continue
+        lines += [f"`{c}`  " for c in part["command"].splitlines()]
+        lines += [f"({part['seconds']:.0f} s)", ""]
+        lines += part.get("table") or time_table(part["report"])
+        if key != "mpi":
+            lines += ["", f"![{key}](comm_{key}_{machine_slug(info)}.png)"]
+    lines.append("")
+    write_result(path, lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    parser.add_argument("--workers", type=int, default=4, help="ranks for the allreduce part")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--link-mbit", type=float, default=1000.0)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per part")
+    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown}; valid: {', '.join(PARTS)}")
+    info = machine()
+    functions = {
+        "allreduce": part_allreduce,
+        "broadcast": part_broadcast,
+        "nodes": part_nodes,
+        "mpi": part_mpi,
+    }
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-comm-") as tmp, ForeignLoad() as load:
+        for part in parts:
+            results[part] = functions[part](args, Path(tmp))
+            png = Path(tmp) / part / "comm.png"
+            if png.exists():
+                args.results.mkdir(parents=True, exist_ok=True)
+                shutil.copy(png, args.results / f"comm_{part}_{machine_slug(info)}.png")
+        busy = load.cores(), load.summary()
+    path = args.results / f"comm_{machine_slug(info)}.md"
+    write_markdown(path, results, info, args, busy)
+    print(f"wrote {path}")
+    for part in results.values():
+        for name, passed, detail in part.get("goals", []):
+            print(f"{'PASS' if passed else 'FAIL'}  {name}: {detail}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Run a program under ``mpiexec`` on this machine, with a deadline that cannot be outlived.
+
+For tests, benchmarks and single-machine MPI runs. Multi-node MPI jobs are started by the site's
+own ``mpiexec`` or ``srun``; Tether adds nothing to those.
+
+Two things make a local ``mpiexec`` unsafe to call from a test as it comes:
+
+* A hung rank hangs ``mpiexec``, and MPICH's launcher (hydra) starts every rank in a session of
+  its own (``setsid``), so killing ``mpiexec``'s process group leaves the ranks running. On a
+  timeout :func:`run_mpi` asks ``mpiexec`` to stop, then kills every process descended from it,
+  found through ``/proc`` before anything is killed (an orphan is re-parented and lost to a
+  later walk).
+* MPI libraries listen on the machine's external address by default. Here hydra uses the fork
+  launcher (no ssh), ``-iface lo`` and ``-bind-to none`` (ranks share the few cores; pinning
+  several ranks to one core serialises them), and the network layers MPICH may load (UCX,
+  libfabric) are told to use loopback. Hydra's own control port still listens on all addresses
+  for the life of the job; nothing in hydra 5 moves it. Hydra runs as root as it is; Open MPI's
+  ``mpiexec`` gets the equivalent flags and, as root, ``--allow-run-as-root``, without which it
+  refuses to start.
+
+Every rank gets ``OMP_NUM_THREADS=1`` unless the caller's environment says otherwise: N ranks
+on a few cores with a full OpenMP team each would thrash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tether.errors import TetherError
+
+# Network layers under MPICH: loopback only for a single-machine job.
+LOOPBACK_ENV = {
+    "UCX_NET_DEVICES": "lo",
+    "FI_TCP_IFACE": "lo",
+    "FI_SOCKETS_IFACE": "lo",
+}
+TERM_GRACE_S = 2.0  # how long mpiexec gets to stop its ranks after SIGTERM before SIGKILL
+
+
+def mpiexec_path() -> str | None:
+    """The ``mpiexec`` beside this Python (the ``mpich`` wheel of ``tether[mpi]`` installs one
+    into the virtual environment), else the first on PATH, else None."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+@functools.lru_cache(maxsize=8)
+def launcher_flags(mpiexec: str, as_root: bool) -> tuple[str, ...]:
+    """Options for a local job, by launcher: MPICH's hydra, Open MPI's, or none (unknown)."""
+    try:
+        version = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    if "HYDRA" in version:
+        return ("-launcher", "fork", "-iface", "lo", "-bind-to", "none")
+    if "Open MPI" in version or "OpenRTE" in version:  # Open MPI refuses root unless told
+        flags = ("--oversubscribe", "--bind-to", "none", "--mca", "btl_tcp_if_include", "lo")
+        return (*flags, "--allow-run-as-root") if as_root else flags
+    return ()
+
+
+def mpi_command(nprocs: int, argv: Sequence[str], mpiexec: str | None = None) -> list[str]:
+    """``mpiexec -n N <argv>`` with the local-job flags; TetherError if there is no mpiexec."""
+    if nprocs < 1:
+        raise TetherError(f"an MPI job needs at least one process, got {nprocs}")
+    mpiexec = mpiexec or mpiexec_path()
+    if mpiexec is None:
+        raise TetherError("no mpiexec found: pip install 'tether[mpi]' (mpi4py and mpich)")
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return [mpiexec, *launcher_flags(mpiexec, as_root), "-n", str(nprocs), *argv]
+
+
+def run_mpi(
+    nprocs: int,
+    argv: Sequence[str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` on ``nprocs`` MPI ranks of this machine and capture their output (text).
+
+    ``env`` is the ranks' whole environment (default: this process's), with ``OMP_NUM_THREADS``
+    and the loopback settings added where it does not set them. After ``timeout_s`` seconds the
+    whole process tree is killed and ``subprocess.TimeoutExpired`` is raised, carrying what the
+    ranks printed so far: a hung rank never hangs the caller."""
+    command = mpi_command(nprocs, argv)
+    child_env = dict(os.environ if env is None else env)
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in LOOPBACK_ENV.items():
+        child_env.setdefault(name, value)
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,  # hydra forwards stdin to rank 0; a test's must stay untouched
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+        cwd=cwd,
+        start_new_session=True,  # our signals, and the terminal's, reach only what we kill
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(command, timeout_s, output=stdout, stderr=stderr) from None
+    except BaseException:  # KeyboardInterrupt included: never leave ranks behind
+        _kill_tree(proc)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc (Linux); empty where there is no /proc."""
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process exited while we looked
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after it.
+        fields = text[text.rfind(")") + 2 :].split()
+        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, found, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to ``mpiexec`` (hydra then stops its ranks and removes their shared memory), and
+    after a grace period SIGKILL to it and every descendant it had, in its own session or not."""
+    if proc.poll() is not None:
+        return
+    ranks = _descendants(proc.pid)
+    _signal([proc.pid], signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks += [pid for pid in _descendants(proc.pid) if pid not in ranks]
+    _signal([proc.pid, *ranks], signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # anything left in mpiexec's own session
+    proc.wait()

@@ -1,0 +1,80 @@
+"""The MPI transport under a real ``mpiexec``: every collective over ``MPITransport`` against the
+naive one, MPI's own and the exact result, and the header-checked message protocol
+(tests/distributed/mpi_worker.py holds the per-rank checks).
+
+Skipped, with the reason, where mpi4py or mpiexec is missing (``pip install 'tether[mpi]'``;
+``make test`` installs it). A hung rank is killed by ``run_mpi``'s deadline and fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from tether.errors import TetherError
+from tether.launch import mpi as mpi_launch
+from tether.launch.mpi import mpiexec_path, run_mpi
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = [sys.executable, "-m", "tests.distributed.mpi_worker"]
+
+needs_mpi = pytest.mark.skipif(
+    find_spec("mpi4py") is None or mpiexec_path() is None,
+    reason="mpi4py or mpiexec not installed: pip install 'tether[mpi]'",
+)
+
+
+def _run_worker(nprocs: int, mode: str) -> None:
+    try:
+        result = run_mpi(nprocs, [*WORKER, mode], timeout_s=120, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"MPI job of {nprocs} ranks hung; its output:\n{exc.output}\n{exc.stderr}")
+    output = f"{result.stdout}\n{result.stderr}"
+    ok = {int(r) for r in re.findall(r"RANK (\d+) OK \d+", result.stdout)}
+    assert result.returncode == 0 and ok == set(range(nprocs)), output[-6000:]
+
+
+@needs_mpi
+def test_collectives_and_message_protocol_on_3_ranks() -> None:
+    _run_worker(3, "all")
+
+
+@needs_mpi
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the process tree through /proc")
+def test_a_hung_job_is_killed_whole() -> None:
+    """Ranks that ignore SIGTERM, each in a session of its own (hydra's setsid), still die."""
+    marker = f"tether-hang-{time.monotonic_ns()}"
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_mpi(2, [sys.executable, "-c", code, marker], timeout_s=1.5)
+    assert time.monotonic() - start < 1.5 + mpi_launch.TERM_GRACE_S + 5
+    survivors = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                survivors.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert survivors == [], f"processes left running: {survivors}"
+
+
+def test_asking_for_mpi_without_mpi4py_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tether.comm.mpi_transport import MPITransport
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail
+    with pytest.raises(TetherError, match=r"pip install 'tether\[mpi\]'") as info:
+        MPITransport()
+    assert "\n" not in str(info.value)
+
+    monkeypatch.setattr(mpi_launch, "mpiexec_path", lambda: None)
+    with pytest.raises(TetherError, match="no mpiexec found"):
+        run_mpi(2, ["true"], timeout_s=5)
