@@ -274,7 +274,7 @@ def main() -> None:
             if png.exists():
                 args.results.mkdir(parents=True, exist_ok=True)
                 shutil.copy(png, args.results / f"comm_{part}_{machine_slug(info)}.png")
-        busy = load.cores(), load.summary()
+        busy = load.cores(), load.top()
     path = args.results / f"comm_{machine_slug(info)}.md"
     write_markdown(path, results, info, args, busy)
     print(f"wrote {path}")

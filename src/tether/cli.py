@@ -211,14 +211,21 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     del args
+    from tether.comm.collectives import COLLECTIVES
     from tether.data import DATASETS
     from tether.methods import METHODS
     from tether.models import MODELS
 
-    for title, registry in (("methods", METHODS), ("models", MODELS), ("datasets", DATASETS)):
+    registries = (
+        ("methods", METHODS),
+        ("models", MODELS),
+        ("datasets", DATASETS),
+        ("collectives (--allreduce, tether bench comm --algo)", COLLECTIVES),
+    )
+    for title, registry in registries:
         print(f"{title}:")
         for name in registry.names():
-            print(f"  {name:<16} {registry.describe(name)}")
+            print(f"  {name:<18} {registry.describe(name)}")
     return 0
 
 

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class Auto(Collective):
-    """Chooses among the registered algorithms per call from a calibration (measured and cached
-    on first use when none is given)."""
+    """Per message size, the algorithm the calibrated alpha-beta-gamma model predicts fastest.
+
+    The calibration is measured and cached on first use when none is given."""
 
     name = "auto"
     kinds = ("all_reduce", "broadcast")

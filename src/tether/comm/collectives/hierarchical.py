@@ -120,8 +120,10 @@ def hierarchical_broadcast(world_size: int, ranks_per_node: int, root: int) -> S
 
 @dataclass(frozen=True)
 class Hierarchical(Collective):
-    """Two-level all-reduce (intra-node reduce-scatter, inter-node rings, intra-node
-    all-gather) and broadcast (across nodes, then within), Jia et al. 2018 / Horovod."""
+    """Two-level all-reduce and broadcast for nodes of G ranks (Jia et al. 2018; Horovod).
+
+    All-reduce: intra-node reduce-scatter, inter-node rings, intra-node all-gather; broadcast:
+    across nodes, then within."""
 
     name = "hierarchical"
     kinds = ("all_reduce", "broadcast")
