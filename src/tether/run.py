@@ -2,12 +2,15 @@
 
 Multi-node runs use torchrun (or SLURM ``srun`` running torchrun) for processes and rendezvous;
 every process runs this module with the same options. The worker count is the launcher's world
-size minus the method's server processes.
+size minus the method's server processes. With ``--timeline``, rank 0 merges the timeline
+(``DIR/timeline.json``) at the end; ranks on other machines need ``python -m
+tether.observe.timeline DIR`` after their ``DIR/timeline/`` files are copied together.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tether.cli import OneLineParser, add_train_options, config_from_args
 from tether.config import apply_overrides
@@ -15,6 +18,7 @@ from tether.errors import TetherError
 from tether.launch.env import DistEnv
 from tether.launch.worker import run_worker
 from tether.methods import METHODS
+from tether.observe.timeline import merge_after_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     except TetherError as exc:  # e.g. a method that cannot run on this placement
         print(f"tether: error: rank {env.rank}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        # No launcher process outlives torchrun's workers. After a clean run rank 0 has merged
+        # the timeline already (and this does nothing); after a failure it merges what the
+        # ranks on this machine wrote. Other machines' files: docs/timeline.md.
+        if config.timeline and env.rank == 0 and config.out is not None:
+            merge_after_run(Path(config.out))
     return 0
 
 

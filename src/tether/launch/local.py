@@ -32,6 +32,7 @@ from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read
 from tether.launch.worker import run_worker
 from tether.methods import METHODS
 from tether.observe.files import atomic_write_json, atomic_write_text
+from tether.observe.timeline import merge_after_run
 
 LAUNCH_CONFIG = "config.launch.toml"  # the resolved config, read by each supervised worker
 
@@ -123,6 +124,9 @@ def launch_local(config: TrainConfig, processes: int) -> None:
         raise WorkerFailure(
             f"stopped by {stop.sigval.name}; the workers were stopped", []
         ) from None
+    finally:
+        if config.timeline and run_dir is not None:
+            merge_after_run(run_dir)
     if tolerant and run_dir is not None:
         _record_lost_workers(run_dir)
 

@@ -2,11 +2,13 @@
 
 It owns data and sharding, the step loop, evaluation, the metrics log, the progress bar,
 checkpoints, fault injection for reliability tests, and the run directory (summary.json,
-metrics.jsonl, model.pt, config.toml). Rank 0 writes; every rank computes.
+metrics.jsonl, model.pt, config.toml, and with ``--timeline`` timeline.json). Rank 0 writes;
+every rank computes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -25,6 +27,15 @@ from tether.models import build_model
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
+from tether.observe.timeline import (
+    StepTracer,
+    clear_rank_file,
+    get_timeline,
+    install_timeline,
+    merge_timeline,
+    uninstall_timeline,
+    write_rank_file,
+)
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
 from tether.training.evaluation import EvalResult, evaluate_sharded
 
@@ -42,6 +53,13 @@ class Trainer:
         self.transport = TorchTransport()
         self.is_writer = self.transport.rank == 0
         self.run_dir = Path(config.out)
+        self.timeline = get_timeline()
+        if config.timeline:
+            # Before the method is built, so its first collectives are on the trace too.
+            clear_rank_file(self.run_dir, self.transport.rank)
+            self.timeline = install_timeline(self.transport.rank)
+        self.step_tracer = StepTracer(self.timeline)
+        self.timeline_saved = False
 
         data_dir = Path(config.data_dir) if config.data_dir else None
         self.data = load_dataset(config.dataset, data_dir, config.seed)
@@ -83,22 +101,35 @@ class Trainer:
         )
         self.t0 = time.perf_counter()
         try:
-            if self.method.role() is Role.SERVER:
-                self._serve()
-            elif self.has_server:
-                self._step_loop()
-                self.method.finish(self.totals)  # reports this worker's timings to the server
-            else:
-                last = self._step_loop()
-                self.method.finish(None)
-                if not self.history or self.history[-1]["step"] != last:
-                    self._evaluate(last)
-                totals = self.totals.all_reduced(self.transport)
-                eval_model = self.method.eval_model()  # collective: every rank calls it
-                if self.is_writer:
-                    self._write_results(last, totals, eval_model, self.method.summary_extra())
+            with self.step_tracer.timing_updates():
+                if self.method.role() is Role.SERVER:
+                    self._serve()
+                elif self.has_server:
+                    self._step_loop()
+                    self._save_timeline()  # before the final synchronisation: see below
+                    self.method.finish(self.totals)  # reports this worker's timings to the server
+                else:
+                    last = self._step_loop()
+                    self.method.finish(None)
+                    if not self.history or self.history[-1]["step"] != last:
+                        self._evaluate(last)
+                    if not self.is_writer:
+                        self._save_timeline()
+                    totals = self.totals.all_reduced(self.transport)
+                    eval_model = self.method.eval_model()  # collective: every rank calls it
+                    if self.is_writer:
+                        self._write_results(last, totals, eval_model, self.method.summary_extra())
+            # The other ranks wrote their files before the final synchronisation, so rank 0 can
+            # merge here, also under torchrun where no launcher outlives the workers (ranks on
+            # other machines: see docs/timeline.md).
+            self._save_timeline(merge=self.is_writer)
         finally:
             self.metrics.close()
+            # After a failure: a partial trace, which the launcher merges. Failing to write it
+            # must not replace the error that ended the run.
+            with contextlib.suppress(OSError):
+                self._save_timeline()
+            uninstall_timeline()
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
@@ -147,6 +178,7 @@ class Trainer:
         )
         step = self.start_step
         widx = self.method.worker_index()
+        tracing = self.timeline.enabled
         try:
             while step < self.total_steps:
                 begin = time.perf_counter()
@@ -157,8 +189,13 @@ class Trainer:
                 self._maybe_inject_fault(step)
 
                 times = StepTimes()
+                called = self.step_tracer.before_step() if tracing else 0.0
                 loss = self.method.train_step(inputs, targets, times)
                 step += 1
+                if tracing:
+                    self.step_tracer.step(
+                        step, begin, data_s, called, times.compute_s, times.comm_s
+                    )
                 self.totals.add(data_s, times.compute_s, times.comm_s, len(idx))
                 step_s = data_s + times.compute_s + times.comm_s
                 self.metrics.write(
@@ -195,7 +232,20 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t0
 
+    def _save_timeline(self, merge: bool = False) -> None:
+        """Write this rank's timeline file once (and on rank 0 after a clean run, merge)."""
+        if not self.timeline.enabled or self.timeline_saved:
+            return
+        self.timeline_saved = True
+        write_rank_file(self.run_dir, self.transport.rank, self.timeline)
+        if merge:
+            merge_timeline(self.run_dir)
+
     def _evaluate(self, step: int) -> EvalResult:
+        with self.timeline.span("evaluate", "eval", step=step):
+            return self._evaluate_now(step)
+
+    def _evaluate_now(self, step: int) -> EvalResult:
         begin = time.perf_counter()
         model = self.method.eval_model()
         result = evaluate_sharded(
@@ -242,6 +292,10 @@ class Trainer:
     def _checkpoint(self, step: int) -> None:
         if not self.is_writer:
             return
+        with self.timeline.span("checkpoint", "checkpoint", step=step):
+            self._checkpoint_now(step)
+
+    def _checkpoint_now(self, step: int) -> None:
         state = {
             "step": step,
             "model": self.method.model.state_dict(),
