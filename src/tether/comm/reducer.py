@@ -76,12 +76,16 @@ class PendingReduce:
     native: object | None = None  # the backend's work handle
     future: Future | None = None  # the communication thread's job
     done: bool = False
+    started: float = 0.0  # time.perf_counter() at the start
+    trace: Callable[[PendingReduce], None] | None = None  # records a native op's span
 
     def wait(self) -> None:
         if self.done:
             return
         if self.native is not None:
             self.native.wait()  # type: ignore[attr-defined]
+            if self.trace is not None:
+                self.trace(self)
         if self.future is not None:
             self.future.result()  # re-raises the communication thread's error here
         if self.wire is not self.tensor:
@@ -110,6 +114,7 @@ class AllReducer:
         self.wire_dtype = WIRE_DTYPES[compress]
         self.algorithm = self._resolve(algorithm, ranks_per_node)
         self._thread: CommThread | None = None
+        self._last_native_end = 0.0
 
     def _resolve(self, algorithm: str, ranks_per_node: int) -> Collective:
         if algorithm == "hierarchical":
@@ -137,13 +142,32 @@ class AllReducer:
             pending = PendingReduce(tensor, tensor, divide_by=p if average else 1)
             wire = tensor
         chosen = self._chosen(wire)
+        pending.started = time.perf_counter()
         if isinstance(chosen, Native):
             pending.native = self.transport.all_reduce(wire, "sum", async_op=True)
+            pending.trace = self._trace_native
         else:
             if self._thread is None:
                 self._thread = CommThread()
             pending.future = self._thread.submit(lambda: self._run(chosen, wire))
         return pending
+
+    def _trace_native(self, pending: PendingReduce) -> None:
+        """The backend's work is opaque: the trace shows it from when it can have started (its
+        launch, or the end of the previous one, since the backend runs them in order) to when
+        its completion was seen, an upper bound on the transfer itself."""
+        end = time.perf_counter()
+        start = max(pending.started, self._last_native_end)
+        self._last_native_end = end
+        wire = pending.wire
+        get_timeline().record(
+            "all-reduce native",
+            "comm.op",
+            start,
+            end,
+            track="comm",
+            bytes=wire.numel() * wire.element_size(),
+        )
 
     def _run(self, collective: Collective, wire: torch.Tensor) -> None:
         start = time.perf_counter()

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -83,6 +84,9 @@ def mpi_command(nprocs: int, argv: Sequence[str], mpiexec: str | None = None) ->
     return [mpiexec, *launcher_flags(mpiexec, as_root), "-n", str(nprocs), *argv]
 
 
+JOB_MARKER = "TETHER_MPI_JOB"
+
+
 def run_mpi(
     nprocs: int,
     argv: Sequence[str],
@@ -101,6 +105,10 @@ def run_mpi(
     child_env.setdefault("OMP_NUM_THREADS", "1")
     for name, value in LOOPBACK_ENV.items():
         child_env.setdefault(name, value)
+    # Every process of the job inherits this marker, so a kill finds the ranks even after their
+    # parents died and they were re-parented (the tree walk alone misses those).
+    job = uuid.uuid4().hex
+    child_env[JOB_MARKER] = job
     proc = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,  # hydra forwards stdin to rank 0; a test's must stay untouched
@@ -114,11 +122,11 @@ def run_mpi(
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc)
+        _kill_tree(proc, job)
         stdout, stderr = proc.communicate()
         raise subprocess.TimeoutExpired(command, timeout_s, output=stdout, stderr=stderr) from None
     except BaseException:  # KeyboardInterrupt included: never leave ranks behind
-        _kill_tree(proc)
+        _kill_tree(proc, job)
         proc.communicate()
         raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
@@ -153,10 +161,25 @@ def _signal(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _kill_tree(proc: subprocess.Popen[str]) -> None:
+def _marked(job: str) -> list[int]:
+    """Pids of the processes whose environment carries this job's marker (Linux /proc)."""
+    needle = f"{JOB_MARKER}={job}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:  # exited, or not ours to read
+            continue
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen[str], job: str) -> None:
     """SIGTERM to ``mpiexec`` (hydra then stops its ranks and removes their shared memory), and
-    after a grace period SIGKILL to it and every descendant it had, in its own session or not."""
+    after a grace period SIGKILL to it, every descendant it had (in its own session or not), and
+    every process carrying the job's marker (ranks started late or re-parented)."""
     if proc.poll() is not None:
+        _signal(_marked(job), signal.SIGKILL)
         return
     ranks = _descendants(proc.pid)
     _signal([proc.pid], signal.SIGTERM)
@@ -168,3 +191,9 @@ def _kill_tree(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything left in mpiexec's own session
     proc.wait()
+    for _ in range(20):  # a rank forked while we were killing: until none is left
+        left = [pid for pid in _marked(job) if pid != os.getpid()]
+        if not left:
+            break
+        _signal(left, signal.SIGKILL)
+        time.sleep(0.05)
