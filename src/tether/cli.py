@@ -184,12 +184,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_comm(args: argparse.Namespace) -> int:
-    from tether.bench.comm import (
-        args_from_namespace,
-        default_out_dir,
-        run_comm_bench,
-        wrong_results,
-    )
+    from tether.bench.comm import args_from_namespace, default_out_dir, run_comm_bench
+    from tether.bench.comm_report import wrong_results
 
     bench = args_from_namespace(args)  # every option checked before anything starts
     out = args.out if args.out is not None else default_out_dir()

@@ -106,6 +106,16 @@ def _all_reduces(rank: int, world: int, checks: Checks) -> None:
                     checks.expect(_close(ours, native, op, world, abs_sum), f"{case} vs native")
                     checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
                 checks.expect(_close(naive, native, op, world, abs_sum), f"naive vs native {n}")
+    # one million elements (float32 sum only: the long-vector paths, chunking and pipelining)
+    n = 1_000_000
+    inputs = [_data(99, r, n, torch.float32) for r in range(world)]
+    abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
+    native = _run("native", "all_reduce", inputs[rank], "sum")
+    for name in ALL_REDUCE + _node_splits(world):
+        ours = _run(name, "all_reduce", inputs[rank], "sum")
+        case = f"{name} all_reduce P={world} n={n}"
+        checks.expect(_close(ours, native, "sum", world, abs_sum), f"{case} vs native")
+        checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
 
 
 def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:

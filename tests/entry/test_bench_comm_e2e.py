@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tether.bench import comm
+from tether.bench import comm, comm_launch
 from tether.errors import WorkerFailure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -63,7 +63,7 @@ def test_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     argv = [*comm.worker_argv(args, tmp_path / "comm.json", 3.0), "--debug-hang-rank", "1"]
     start = time.monotonic()
     with pytest.raises(WorkerFailure) as info:
-        comm.launch_torch(2, argv, 3.0, tmp_path)
+        comm_launch.launch_torch(2, argv, 3.0, tmp_path)
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert "did not finish within --timeout 3 s" in message and "\n" not in message

@@ -11,19 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from tether.bench import comm
-from tether.bench.comm import (
-    Case,
-    busbw_factor,
-    finish_report,
-    format_size,
-    format_table,
-    parse_size,
-    parse_sizes,
-    plot_report,
-    repeats_for,
-    resolve_args,
-)
+from tether.bench import comm, comm_measure
+from tether.bench.comm import busbw_factor, format_size, parse_size, parse_sizes, resolve_args
+from tether.bench.comm_measure import Case, iters_for, repeats_for
+from tether.bench.comm_report import finish_report, format_table, plot_report, wrong_results
 from tether.cli import main
 from tether.comm.collectives import collectives_for
 from tether.errors import TetherError
@@ -86,7 +77,7 @@ def test_busbw_factors_are_nccl_tests() -> None:
 
 
 def test_fewer_repeats_for_large_messages_but_never_below_three() -> None:
-    assert comm.iters_for(4) == comm.MAX_ITERS and comm.iters_for(64 * MB) == 1
+    assert iters_for(4) == comm.MAX_ITERS and iters_for(64 * MB) == 1
     assert repeats_for(4, 20) == 20
     assert repeats_for(4 * MB, 20) == 16
     assert repeats_for(64 * MB, 20) == 3
@@ -206,16 +197,16 @@ class OneRank:
 
 
 def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
-    real = comm.collective_call
+    real = comm_measure.collective_call
 
     def call(kind: str, algo: str, case: Case, transport: Any, all_gather: Any) -> Any:
         if algo == "ring":  # a "fast" algorithm that doubles instead of summing over one rank
             return lambda: case.buf.mul_(2)
         return real(kind, algo, case, transport, all_gather)
 
-    monkeypatch.setattr(comm, "collective_call", call)
+    monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "ring,native", "4B,1KB", repeats=3, predict=False)
-    raw = comm.measure(OneRank(), args, torch.device("cpu"), predict=lambda a, k, n: 1e-3)
+    raw = comm_measure.measure(OneRank(), args, torch.device("cpu"), predict=lambda a, k, n: 1e-3)
     assert [(r["algo"], r["bytes"]) for r in raw["rows"]] == [
         ("ring", 4),
         ("native", 4),
@@ -229,11 +220,11 @@ def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
         assert row["predicted_s"] == 1e-3
     report = finish_report(raw, {"op": "allreduce", "workers": 1, "transport": "torch"})
     assert all(r["vs_native"] is None for r in report["rows"] if r["algo"] == "ring")
-    assert comm.wrong_results(report) == ["ring at 4B", "ring at 1KB"]
+    assert wrong_results(report) == ["ring at 4B", "ring at 1KB"]
 
 
 def test_algorithm_refusing_the_group_is_skipped(monkeypatch) -> None:
-    real = comm.collective_call
+    real = comm_measure.collective_call
 
     def call(kind: str, algo: str, case: Case, transport: Any, all_gather: Any) -> Any:
         if algo == "halving-doubling":
@@ -244,9 +235,9 @@ def test_algorithm_refusing_the_group_is_skipped(monkeypatch) -> None:
             return refuse
         return real(kind, algo, case, transport, all_gather)
 
-    monkeypatch.setattr(comm, "collective_call", call)
+    monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "halving-doubling,native", "4B,8B", predict=False)
-    raw = comm.measure(OneRank(), args, torch.device("cpu"))
+    raw = comm_measure.measure(OneRank(), args, torch.device("cpu"))
     assert {r["algo"] for r in raw["rows"]} == {"native"}
     assert raw["skipped"] == {"halving-doubling": "needs a power-of-two group"}
 

@@ -33,17 +33,10 @@ from typing import IO, Any
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tether.bench.comm import (
-    BACKSTOP_S,
-    CommBenchArgs,
-    add_bench_options,
-    args_from_namespace,
-    finish_report,
-    format_table,
-    hang_file,
-    measure,
-    plot_report,
-)
+from tether.bench.comm import BACKSTOP_S, CommBenchArgs, add_bench_options, args_from_namespace
+from tether.bench.comm_launch import hang_file
+from tether.bench.comm_measure import measure
+from tether.bench.comm_report import finish_report, format_table, plot_report
 from tether.errors import TetherError
 
 Predict = Callable[[str, str, float], float | None]

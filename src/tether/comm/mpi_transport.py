@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind, ProtocolError
-from tether.comm.transport import Message, Transport, _tags
+from tether.comm.header import ProtocolError
+from tether.comm.messages import MessageProtocol, message_tags
+from tether.comm.transport import Transport
 from tether.errors import TetherError
 
 INSTALL_HINT = "pip install 'tether[mpi]' (mpi4py and mpich)"
@@ -95,7 +96,7 @@ class MPIWork:
         return not self.requests or bool(self._mpi.Request.Testall(self.requests))
 
 
-class MPITransport:
+class MPITransport(MessageProtocol):
     """MPI collectives and the header-checked point-to-point protocol, over an mpi4py
     communicator (default ``MPI.COMM_WORLD``).
 
@@ -226,63 +227,17 @@ class MPITransport:
         self.MPI.Request.Waitall(requests)
 
     # -- point to point ------------------------------------------------------------------------
-    def isend_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
-    ) -> MPIWork:
-        """Send header then payload without blocking; keep the result and ``wait()`` on it."""
-        payload = payload.detach().contiguous().view(-1)
-        header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
-        header_tag, payload_tag = _tags(channel)
-        parts = [(header, header_tag)] + ([(payload, payload_tag)] if payload.numel() else [])
+    def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> MPIWork:
         requests = [
             self.comm.Isend([self._memory(t), self.MPI.BYTE], dest=dst, tag=tag) for t, tag in parts
         ]
-        return MPIWork(self.MPI, requests, [header, payload])
-
-    def send_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
-    ) -> None:
-        self.isend_message(payload, dst, kind, step, channel).wait()
-
-    def recv_message(
-        self,
-        buffer: torch.Tensor | Mapping[MessageKind, torch.Tensor],
-        src: int | None = None,
-        kinds: frozenset[MessageKind] | None = None,
-        channel: int = 0,
-        timeout: datetime.timedelta | None = None,
-    ) -> Message:
-        """Receive one message from ``src``, or from whichever rank sends first when ``src`` is
-        None (``MPI_ANY_SOURCE``); the same contract as ``TorchTransport.recv_message``.
-
-        The header is validated against the buffer before the payload is received, and the
-        payload is received from the header's sender only: MPI's non-overtaking rule (MPI-3.1
-        section 3.5) keeps one sender's headers, and its payloads, in order. A refused header
-        leaves its payload (if the peer sent one) unreceived; :meth:`discard_payload` drains it.
-
-        ``timeout`` bounds each of the two receives; MPI receives have no timeout of their own,
-        so a timed receive polls ``MPI_Test`` (adding up to a millisecond of latency) and on
-        expiry cancels the receive (section 3.8.4) and raises TimeoutError."""
-        header_tag, payload_tag = _tags(channel)
-        words = torch.empty(HEADER_WORDS, dtype=torch.int64)
-        source = self.MPI.ANY_SOURCE if src is None else src
-        sender = self._recv(words, source, header_tag, timeout)
-        if isinstance(buffer, Mapping):
-            kinds = frozenset(buffer)
-            announced = MessageHeader.peek_kind(words, sender, kinds)
-            buffer = buffer[announced]
-        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
-        header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
-        payload = buffer[: header.length]
-        if header.length:
-            self._recv(payload, sender, payload_tag, timeout, what="payload")
-        return Message(header, payload)
+        return MPIWork(self.MPI, requests, [t for t, _ in parts])
 
     def discard_payload(self, src: int, channel: int = 0) -> int:
         """Receive and drop the next payload from ``src`` (after a refused header whose sender is
         known to have sent one); returns its size in bytes. Blocks until it arrives."""
         status = self.MPI.Status()
-        _, payload_tag = _tags(channel)
+        _, payload_tag = message_tags(channel)
         self.comm.Probe(source=src, tag=payload_tag, status=status)
         size = status.Get_count(self.MPI.BYTE)
         self.comm.Recv([bytearray(size), self.MPI.BYTE], source=src, tag=payload_tag)
@@ -291,14 +246,20 @@ class MPITransport:
     def _recv(
         self,
         tensor: torch.Tensor,
-        source: int,
+        src: int | None,
         tag: int,
         timeout: datetime.timedelta | None,
         what: str = "header",
     ) -> int:
-        """Receive into ``tensor``; returns the sender's rank. A message longer than the buffer
-        is an MPI error (truncation, MPI-3.1 section 3.2.4); a shorter one is refused here."""
+        """Receive into ``tensor`` from ``src`` (None: ``MPI_ANY_SOURCE``); returns the sender's
+        rank. A message longer than the buffer is an MPI error (truncation, MPI-3.1 section
+        3.2.4); a shorter one is refused here. MPI receives have no timeout of their own, so a
+        timed receive polls ``MPI_Test`` (adding up to a millisecond of latency) and on expiry
+        cancels the receive (section 3.8.4) and raises TimeoutError. A header refused by the
+        protocol leaves its payload (if the peer sent one) unreceived: :meth:`discard_payload`
+        drains it."""
         mpi = self.MPI
+        source = mpi.ANY_SOURCE if src is None else src
         data, status = [self._memory(tensor), mpi.BYTE], mpi.Status()
         if timeout is None:
             self.comm.Recv(data, source=source, tag=tag, status=status)

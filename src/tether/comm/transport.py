@@ -4,45 +4,27 @@ One object per process wraps one process group (gloo on CPU, NCCL on GPU). Metho
 algorithms talk to this interface, never to ``torch.distributed`` directly, so a second transport
 (MPI) can stand in later with the same calls.
 
-Point-to-point messages are a header (see :mod:`tether.comm.header`) then a payload. Headers and
-payloads travel on different tags so that a receive-from-any-source for a header can never match
-another sender's payload.
+Point-to-point messages follow the header-checked protocol of :mod:`tether.comm.messages`.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind
+from tether.comm.messages import HEADER_TAG, Message, MessageProtocol
 
-HEADER_TAG = 7001
-PAYLOAD_TAG = 7002
-# Independent message streams between the same two ranks (e.g. data and a liveness watch) use
-# different channels: channel k shifts both tags by 10*k, so streams never match each other.
-CHANNEL_STRIDE = 10
-
-
-def _tags(channel: int) -> tuple[int, int]:
-    return HEADER_TAG + CHANNEL_STRIDE * channel, PAYLOAD_TAG + CHANNEL_STRIDE * channel
-
+__all__ = ["HEADER_TAG", "Message", "PendingSend", "TorchTransport", "Transport"]
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
 }
-
-
-@dataclass(frozen=True)
-class Message:
-    header: MessageHeader
-    payload: torch.Tensor  # a view of the receive buffer, ``header.length`` elements long
 
 
 @dataclass
@@ -90,7 +72,7 @@ class Transport(Protocol):
     ) -> None: ...
 
 
-class TorchTransport:
+class TorchTransport(MessageProtocol):
     """torch.distributed collectives and the header-checked point-to-point protocol."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
@@ -132,61 +114,26 @@ class TorchTransport:
             work.wait()
 
     # -- point to point ------------------------------------------------------------------------
-    def isend_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
-    ) -> PendingSend:
-        """Send header then payload without blocking; keep the result and ``wait()`` on it."""
-        payload = payload.contiguous().view(-1)
-        header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
-        header_tag, payload_tag = _tags(channel)
-        sends = [(header, header_tag)] + ([(payload, payload_tag)] if payload.numel() else [])
+    def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> PendingSend:
         handles = []
-        for tensor, tag in sends:
+        for tensor, tag in parts:
             handle = dist.isend(tensor, group=self.group, group_dst=dst, tag=tag)
             assert handle is not None, "this rank is a member of the group"
             handles.append(handle)
-        return PendingSend(handles, [header, payload])
-
-    def send_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
-    ) -> None:
-        self.isend_message(payload, dst, kind, step, channel).wait()
-
-    def recv_message(
-        self,
-        buffer: torch.Tensor | Mapping[MessageKind, torch.Tensor],
-        src: int | None = None,
-        kinds: frozenset[MessageKind] | None = None,
-        channel: int = 0,
-        timeout: datetime.timedelta | None = None,
-    ) -> Message:
-        """Receive one message from ``src``, or from whichever rank sends first when ``src`` is
-        None. ``buffer`` is a flat receive buffer, or a buffer per accepted message kind (the
-        kinds it maps are then the accepted ones). The header is validated against the buffer
-        before the payload is received; a bad header raises
-        :class:`~tether.comm.header.ProtocolError`.
-
-        ``timeout`` replaces the group's timeout for this receive. A gloo receive that times out
-        closes every connection of the process, so a receive that may rightly wait for a whole
-        run (a liveness watch, a background listener) passes a long one."""
-        header_tag, payload_tag = _tags(channel)
-        words = torch.empty(HEADER_WORDS, dtype=torch.int64)
-        sender = self._recv(words, src, header_tag, timeout)
-        if isinstance(buffer, Mapping):
-            kinds = frozenset(buffer)
-            announced = MessageHeader.peek_kind(words, sender, kinds)
-            buffer = buffer[announced]
-        assert buffer.is_contiguous() and buffer.dim() == 1, "receive buffers are flat"
-        header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
-        payload = buffer[: header.length]
-        if header.length:
-            self._recv(payload, sender, payload_tag, timeout)
-        return Message(header, payload)
+        return PendingSend(handles, [t for t, _ in parts])
 
     def _recv(
-        self, tensor: torch.Tensor, src: int | None, tag: int, timeout: datetime.timedelta | None
+        self,
+        tensor: torch.Tensor,
+        src: int | None,
+        tag: int,
+        timeout: datetime.timedelta | None,
+        what: str = "header",
     ) -> int:
-        """Receive into ``tensor``; returns the sender's rank within ``self.group``."""
+        """Receive into ``tensor``; returns the sender's rank within ``self.group``. A gloo
+        receive that times out closes every connection of the process, so a receive that may
+        rightly wait for a whole run (a liveness watch, a background listener) passes a long
+        ``timeout``."""
         if timeout is None:
             # torch returns a global rank.
             global_sender = dist.recv(tensor, group=self.group, group_src=src, tag=tag)

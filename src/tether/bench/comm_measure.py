@@ -1,0 +1,206 @@
+"""The measurement loop of ``tether bench comm`` (run by every rank; the timing scheme is in
+:mod:`tether.bench.comm`'s docstring): the exact correctness check, then timed repeats."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from tether.bench.comm import (
+    ELEMENT_BYTES,
+    ITER_BYTES,
+    MAX_ITERS,
+    MIN_REPEATS,
+    REPEAT_BYTES,
+    ROOT,
+    CommBenchArgs,
+    format_size,
+)
+from tether.errors import TetherError
+
+if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
+    import torch
+
+
+def iters_for(n_bytes: int) -> int:
+    """Calls per timed repeat: enough to amortise barrier skew for small messages."""
+    return max(1, min(MAX_ITERS, ITER_BYTES // n_bytes))
+
+
+def repeats_for(n_bytes: int, repeats: int) -> int:
+    """Timed repeats for a size: ``repeats``, fewer above REPEAT_BYTES of traffic per size (but
+    at least MIN_REPEATS, or ``repeats`` if that is smaller)."""
+    budget = REPEAT_BYTES // (n_bytes * iters_for(n_bytes))
+    return max(min(repeats, MIN_REPEATS), min(repeats, budget))
+
+
+def pattern(rank: int, n: int, device: torch.device) -> torch.Tensor:
+    """Rank ``rank``'s input: small integers (1..13 times rank+1), so float32 sums over any
+    realistic number of ranks are exact whatever order an algorithm adds them in."""
+    import torch
+
+    base = (torch.arange(n, device=device) % 13 + 1).to(torch.float32)
+    return base * (rank + 1)
+
+
+class Case:
+    """The buffers of one (operation, size) on one rank: the input, the buffer the collective
+    works in, and the result it must produce."""
+
+    def __init__(
+        self, kind: str, n_bytes: int, rank: int, world_size: int, device: torch.device
+    ) -> None:
+        import torch
+
+        self.kind, self.rank = kind, rank
+        n = max(1, n_bytes // ELEMENT_BYTES)
+        if kind == "all_gather":
+            # nccl-tests' size is the gathered output; each rank contributes 1/P of it.
+            per_rank = max(1, n // world_size)
+            self.init = pattern(rank, per_rank, device)
+            self.buf = self.init.clone()
+            self.out = torch.empty(per_rank * world_size, device=device)
+            self.expected = torch.cat([pattern(r, per_rank, device) for r in range(world_size)])
+        else:
+            self.init = pattern(rank, n, device)
+            self.buf = self.init.clone()
+            self.out = self.buf
+            if kind == "broadcast":
+                self.expected = pattern(ROOT, n, device)
+            else:  # all_reduce, reduce: the sum of every rank's input
+                self.expected = pattern(0, n, device) * (world_size * (world_size + 1) // 2)
+        self.n_bytes = self.out.numel() * ELEMENT_BYTES
+
+    def reset(self) -> None:
+        self.buf.copy_(self.init)
+
+    def check(self) -> bool:
+        """The result is exact; a reduce's result is only specified on the root."""
+        import torch
+
+        if self.kind == "reduce" and self.rank != ROOT:
+            return True
+        return bool(torch.equal(self.out, self.expected))
+
+
+def collective_call(
+    kind: str,
+    algo: str,
+    case: Case,
+    transport: Any,
+    all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None,
+) -> Callable[[], None]:
+    """One call of ``algo``'s ``kind`` on the case's buffer, in place."""
+    if kind == "all_gather":
+        assert all_gather is not None and algo == "native"
+        return lambda: all_gather(case.out, case.buf)
+    from tether.comm.collectives import COLLECTIVES
+
+    collective = COLLECTIVES.get(algo)
+    if kind == "all_reduce":
+        return lambda: collective.all_reduce(case.buf, "sum", comm=transport)
+    if kind == "broadcast":
+        return lambda: collective.broadcast(case.buf, ROOT, comm=transport)
+    return lambda: collective.reduce(case.buf, ROOT, "sum", comm=transport)
+
+
+def measure(
+    transport: Any,
+    args: CommBenchArgs,
+    device: torch.device,
+    sync: Callable[[], None] = lambda: None,
+    all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    predict: Callable[[str, str, float], float | None] | None = None,
+    progress: TextIO | None = None,
+) -> dict[str, Any]:
+    """Time every algorithm of ``args`` at every size on ``transport`` (collective: every rank
+    calls it). Returns the raw rows (meaningful on rank 0): per algorithm and size the median
+    time, the per-repeat times, the correct flag and the prediction."""
+    import torch
+
+    rank, world = transport.rank, transport.world_size
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    algos = list(args.algos)
+    started = last_note = time.perf_counter()
+    transport.barrier()  # NCCL: a plain collective before the first batched point-to-point
+    for index, size in enumerate(args.sizes):
+        case = Case(args.kind, size, rank, world, device)
+        iters, repeats = iters_for(case.n_bytes), repeats_for(case.n_bytes, args.repeats)
+        for algo in list(algos):
+            now = time.perf_counter()
+            if progress is not None and (now - last_note > 2.0 or (index, algo) == (0, algos[0])):
+                progress.write(
+                    f"tether bench: {format_size(size)} {algo} ({index + 1}/{len(args.sizes)} "
+                    f"sizes, {now - started:.0f} s)\n"
+                )
+                progress.flush()
+                last_note = now
+            call = collective_call(args.kind, algo, case, transport, all_gather)
+            correct, error = _check_once(call, case, sync)
+            # Every rank must agree to skip an algorithm (e.g. one that refuses this group size).
+            status = torch.tensor([int(error is not None), int(not correct)], device=device)
+            transport.all_reduce(status, "max")
+            if int(status[0]):
+                skipped[algo] = error or "failed on another rank"
+                algos.remove(algo)
+                continue
+            times = _timed_repeats(call, case, transport, sync, iters, repeats + 1)[1:]
+            slowest = torch.tensor(times, dtype=torch.float64, device=device)
+            transport.all_reduce(slowest, "max")  # a collective ends when its last rank does
+            per_repeat = [float(t) for t in slowest.cpu()]
+            rows.append(
+                {
+                    "algo": algo,
+                    "bytes": case.n_bytes,
+                    "time_s": statistics.median(per_repeat),
+                    "times_s": per_repeat,
+                    "iters": iters,
+                    "repeats": repeats,
+                    "correct": not int(status[1]),
+                    "predicted_s": (
+                        predict(algo, args.kind, case.n_bytes) if predict and rank == 0 else None
+                    ),
+                }
+            )
+        del case
+    return {"rows": rows, "skipped": skipped, "bench_s": time.perf_counter() - started}
+
+
+def _check_once(
+    call: Callable[[], None], case: Case, sync: Callable[[], None]
+) -> tuple[bool, str | None]:
+    """One untimed call on the known input: (result exact, refusal message). An algorithm that
+    refuses the size or group (a TetherError before anything is sent) is skipped, not failed."""
+    case.reset()
+    try:
+        call()
+    except TetherError as exc:
+        return False, str(exc)
+    sync()
+    return case.check(), None
+
+
+def _timed_repeats(
+    call: Callable[[], None],
+    case: Case,
+    transport: Any,
+    sync: Callable[[], None],
+    iters: int,
+    repeats: int,
+) -> list[float]:
+    """This rank's seconds per call in each repeat (the first repeat is the warm-up). The buffer
+    is reset outside the timed region so that repeated in-place sums cannot overflow."""
+    times = []
+    for _ in range(repeats):
+        case.reset()
+        sync()
+        transport.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        sync()
+        times.append((time.perf_counter() - start) / iters)
+    return times
