@@ -115,12 +115,21 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 
 def test_worker_argv_reproduces_the_arguments() -> None:
-    args = resolve_args("reduce", "binomial,native", "4B,1KB", repeats=5, predict=False)
     parser = __import__("tether.bench.comm_worker", fromlist=["x"]).build_parser()
-    ns = parser.parse_args(comm.worker_argv(args, Path("x.json"), 30.0))
-    assert comm.args_from_namespace(ns) == resolve_args(
-        "reduce", "binomial,native", "4B,1KB", repeats=5, timeout_s=30.0, predict=False
-    )
+    for recalibrate in (False, True):
+        args = resolve_args(
+            "reduce", "binomial,native", "4B,1KB", repeats=5, predict=False, recalibrate=recalibrate
+        )
+        ns = parser.parse_args(comm.worker_argv(args, Path("x.json"), 30.0))
+        assert comm.args_from_namespace(ns) == resolve_args(
+            "reduce",
+            "binomial,native",
+            "4B,1KB",
+            repeats=5,
+            timeout_s=30.0,
+            predict=False,
+            recalibrate=recalibrate,
+        )
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,7 @@ class CommBenchArgs:
     repeats: int = DEFAULT_REPEATS
     timeout_s: float = DEFAULT_TIMEOUT_S
     predict: bool = True
+    recalibrate: bool = False
 
     @property
     def kind(self) -> str:
@@ -167,6 +168,7 @@ def resolve_args(
     repeats: int = DEFAULT_REPEATS,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     predict: bool = True,
+    recalibrate: bool = False,
 ) -> CommBenchArgs:
     """Check the options (one-line :class:`TetherError` on a mistake) and build the args."""
     if op not in OPS:
@@ -197,7 +199,7 @@ def resolve_args(
                     f"{op}: {', '.join(valid)}"
                 )
     return CommBenchArgs(
-        op, names, parse_sizes(sizes), transport, backend, repeats, timeout_s, predict
+        op, names, parse_sizes(sizes), transport, backend, repeats, timeout_s, predict, recalibrate
     )
 
 
@@ -250,11 +252,25 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="no alpha-beta predictions (skips calibrating the transport on first use)",
     )
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the calibration (predictions, auto's choices) again instead of using the "
+        "cached one, e.g. after the machine or its load changed",
+    )
 
 
 def args_from_namespace(ns: argparse.Namespace) -> CommBenchArgs:
     return resolve_args(
-        ns.op, ns.algo, ns.sizes, ns.transport, ns.backend, ns.repeats, ns.timeout_s, ns.predict
+        ns.op,
+        ns.algo,
+        ns.sizes,
+        ns.transport,
+        ns.backend,
+        ns.repeats,
+        ns.timeout_s,
+        ns.predict,
+        ns.recalibrate,
     )
 
 
@@ -278,7 +294,8 @@ def worker_argv(args: CommBenchArgs, out_file: Path, timeout_s: float) -> list[s
         "--out",
         str(out_file),
     ]
-    return argv if args.predict else [*argv, "--no-predict"]
+    argv += [] if args.predict else ["--no-predict"]
+    return argv + (["--recalibrate"] if args.recalibrate else [])
 
 
 def run_comm_bench(

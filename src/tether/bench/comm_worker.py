@@ -196,6 +196,10 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
     transport = placement.transport
     if ns.debug_hang_rank == transport.rank:
         time.sleep(args.timeout_s + 2 * BACKSTOP_S)
+    if args.recalibrate:  # collective; predictions and auto then read the fresh cache
+        from tether.perf.calibration import load_or_calibrate
+
+        load_or_calibrate(transport, refresh=True)
     predict, predictions = predictor(transport, args)
     raw = measure(
         transport,

@@ -8,10 +8,14 @@ runner pays, as Hockney's model intends): ``a`` is the one-way time of a 4-byte 
 the ranks span several nodes (ranks per node from the launcher, or given), the ping-pong is also
 run between two nodes and the schedule's inter-node steps are priced with those values.
 
-The backend's own collectives are opaque (gloo and NCCL switch algorithms by size), so they are
-not modelled by a formula: their time is measured at a few sizes and interpolated log-log. That
-is what lets ``auto`` pick ``native`` wherever it is faster, so ``auto`` is never slower than the
-backend by more than the model's error.
+The formula predicts from these three numbers (``tether bench comm`` prints it beside every
+measurement), but it cannot know what a machine does to a chain of dependent rounds: with more
+ranks than cores, every round waits for the next rank to be scheduled, so a 6-round ring costs far
+more than 6 ping-pongs. And the backend's own collectives are opaque (gloo and NCCL switch
+algorithms by size). So the calibration also TIMES every candidate algorithm, native included,
+at a few sizes on the running group (interpolated log-log between them), and ``auto`` chooses by
+those times: by the model where they are missing, and ``native`` unless another algorithm is
+measured faster by a margin, so noise does not make ``auto`` slower than the backend.
 
 Every rank must call :func:`calibrate` / :func:`load_or_calibrate` together (they are
 collective). Rank 0 measures or reads the cache and broadcasts the numbers, so every rank holds
@@ -44,10 +48,12 @@ if TYPE_CHECKING:
     from tether.comm.collectives.base import Collective
 
 CALIBRATION_TAG = 7900
-NATIVE_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which native collectives are timed
+TIMED_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which the algorithms are timed
+# auto leaves native only for an algorithm measured this much faster (noise is not a reason)
+MARGIN = 0.1
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = ("all_reduce", "broadcast")
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,8 @@ class Calibration:
     gamma: float
     inter_alpha: float
     inter_beta: float
-    # kind -> [(bytes, seconds)] for the backend's built-in collective, ascending in bytes
-    native: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # kind -> algorithm -> [(bytes, seconds)], ascending in bytes: measured times per call
+    measured: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
     backend: str = ""
     host: str = ""
     measured_at: str = ""
@@ -74,10 +80,10 @@ class Calibration:
             return None
         return NodeLinks(self.ranks_per_node, self.inter_alpha, self.inter_beta)
 
-    def native_time(self, kind: str, n_bytes: float) -> float | None:
-        """Interpolated (log-log) time of the backend's collective; beyond the largest measured
-        size, proportional to the size (bandwidth bound)."""
-        points = self.native.get(kind)
+    def measured_time(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
+        """Interpolated (log-log) measured time per call; beyond the largest measured size,
+        proportional to the size (bandwidth bound); None if not measured."""
+        points = self.measured.get(kind, {}).get(algorithm)
         if not points:
             return None
         sizes = [p[0] for p in points]
@@ -93,26 +99,16 @@ class Calibration:
     def instantiate(self, algorithm: str) -> Collective:
         """The registered algorithm with this calibration's parameters: the chain's chunk count
         from the measured alpha and beta, the hierarchical node size that was calibrated."""
-        from tether.comm.collectives.chain import Chain
-        from tether.comm.collectives.hierarchical import Hierarchical
-        from tether.comm.collectives.registry import COLLECTIVES
-
-        collective = COLLECTIVES.get(algorithm)
-        if isinstance(collective, Chain) and collective.chunks is None and self.alpha > 0:
-            return dataclasses.replace(collective, alpha=self.alpha, beta=self.beta)
-        if isinstance(collective, Hierarchical) and collective.ranks_per_node is None:
-            return Hierarchical(ranks_per_node=self.ranks_per_node)
-        return collective
+        return instantiate(algorithm, self.alpha, self.beta, self.ranks_per_node)
 
     def predict(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
-        """Predicted seconds of ``algorithm``'s ``kind`` on ``n_bytes`` bytes; None where there is
-        no model (an algorithm that does not implement ``kind``, or native not measured)."""
+        """The alpha-beta-gamma model's seconds for ``algorithm``'s ``kind`` on ``n_bytes`` bytes
+        (native and auto: the measured times, which they are chosen by); None where there is no
+        model (an algorithm that does not implement ``kind``)."""
         if algorithm == "native":
-            return self.native_time(kind, n_bytes)
+            return self.measured_time("native", kind, n_bytes)
         if algorithm == "auto":
-            return min(
-                (t for _, t in self.candidates(kind, n_bytes) if t is not None), default=None
-            )
+            return self.measured_time(self.choose(kind, n_bytes), kind, n_bytes)
         collective = self.instantiate(algorithm)
         if kind not in collective.kinds or self.world_size < 2:
             return None
@@ -120,17 +116,22 @@ class Calibration:
         schedule = collective.schedule(self.world_size, n_elements, kind)
         return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)
 
-    def candidates(self, kind: str, n_bytes: float) -> list[tuple[str, float | None]]:
-        """Every algorithm implementing ``kind`` (but the naive oracle) with its prediction."""
-        from tether.comm.collectives.registry import collectives_for
-
-        names = [n for n in collectives_for(kind) if n not in ("auto", "naive")]
-        return [(name, self.predict(name, kind, n_bytes)) for name in names]
-
     def choose(self, kind: str, n_bytes: float) -> str:
-        """The algorithm with the smallest predicted time; native when nothing is predicted."""
-        timed = [(t, name) for name, t in self.candidates(kind, n_bytes) if t is not None]
-        return min(timed)[1] if timed else "native"
+        """The algorithm ``auto`` runs for ``n_bytes``: the fastest measured one if it beats
+        native by :data:`MARGIN`, else native; by the model when nothing was measured."""
+        timed = {
+            name: t
+            for name in self.measured.get(kind, {})
+            if (t := self.measured_time(name, kind, n_bytes)) is not None
+        }
+        if not timed:
+            modelled = [(t, n) for n in candidates(kind) if (t := self.predict(n, kind, n_bytes))]
+            return min(modelled)[1] if modelled else "native"
+        best = min(timed, key=lambda name: (timed[name], name))
+        native = timed.get("native")
+        if native is not None and timed[best] > native * (1 - MARGIN):
+            return "native"
+        return best
 
     def to_json(self) -> str:
         return json.dumps({"version": VERSION, **asdict(self)}, indent=2)
@@ -140,7 +141,10 @@ class Calibration:
         data = json.loads(text)
         if data.pop("version", None) != VERSION:
             raise ValueError("calibration file from another version")
-        data["native"] = {k: [tuple(p) for p in v] for k, v in data["native"].items()}
+        data["measured"] = {
+            kind: {name: [tuple(p) for p in points] for name, points in algos.items()}
+            for kind, algos in data["measured"].items()
+        }
         return Calibration(**data)
 
 
@@ -180,30 +184,64 @@ def _gamma() -> float:
     return (time.perf_counter() - start) / (5 * x.numel() * 4)
 
 
-def _native_times(transport: Transport, kind: str) -> list[tuple[float, float]]:
-    """Median over repeats of the slowest rank's time of the backend's own collective."""
-    points = []
-    for n_bytes in NATIVE_SIZES:
+def candidates(kind: str, ranks_per_node: int | None = None, world_size: int = 0) -> list[str]:
+    """The algorithms ``auto`` chooses among for ``kind``: every registered one but itself (the
+    naive oracle included: with more ranks than cores its few dependent rounds can win), and
+    hierarchical only where the group spans several nodes (on one node it is the ring)."""
+    from tether.comm.collectives.registry import collectives_for
+
+    names = [n for n in collectives_for(kind) if n != "auto"]
+    if ranks_per_node is not None and ranks_per_node >= world_size:
+        names = [n for n in names if n != "hierarchical"]
+    return names
+
+
+def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) -> Collective:
+    """The registered algorithm with measured parameters (chain chunks, hierarchical nodes)."""
+    from tether.comm.collectives.chain import Chain
+    from tether.comm.collectives.hierarchical import Hierarchical
+    from tether.comm.collectives.registry import COLLECTIVES
+
+    collective = COLLECTIVES.get(algorithm)
+    if isinstance(collective, Chain) and collective.chunks is None and alpha > 0:
+        return dataclasses.replace(collective, alpha=alpha, beta=beta)
+    if isinstance(collective, Hierarchical) and collective.ranks_per_node is None:
+        return Hierarchical(ranks_per_node=ranks_per_node)
+    return collective
+
+
+def _time_algorithms(
+    transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
+) -> dict[str, list[tuple[float, float]]]:
+    """Median over repeats of the slowest rank's time per call of every candidate algorithm,
+    at each of :data:`TIMED_SIZES`; sizes outer, algorithms inner, so a slow spell of the
+    machine hits the algorithms of one size alike."""
+    names = candidates(kind, ranks_per_node, transport.world_size)
+    algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
+    points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    elapsed = torch.zeros(1, dtype=torch.float64)
+    for n_bytes in TIMED_SIZES:
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
-        samples = []
-        for i in range(8 if n_bytes < (1 << 20) else 4):
-            transport.barrier()
-            start = time.perf_counter()
-            if kind == "all_reduce":
-                transport.all_reduce(buf)
-            else:
-                transport.broadcast(buf, 0)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            transport.all_reduce(elapsed, "max")
-            if i:  # the first call sets up the backend's buffers
-                samples.append(float(elapsed))
-        samples.sort()
-        points.append((float(n_bytes), samples[len(samples) // 2]))
+        for name, algorithm in algorithms.items():
+            samples = []
+            for i in range(6 if n_bytes < (1 << 20) else 4):
+                transport.barrier()
+                start = time.perf_counter()
+                if kind == "all_reduce":
+                    algorithm.all_reduce(buf, comm=transport)
+                else:
+                    algorithm.broadcast(buf, 0, comm=transport)
+                elapsed[0] = time.perf_counter() - start
+                transport.all_reduce(elapsed, "max")
+                if i:  # the first call sets up connections and buffers
+                    samples.append(float(elapsed[0]))
+            samples.sort()
+            points[name].append((float(n_bytes), samples[len(samples) // 2]))
     return points
 
 
 def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> Calibration:
-    """Measure alpha, beta, gamma (and the inter-node alpha, beta) and the backend's collectives.
+    """Measure alpha, beta, gamma (and the inter-node alpha, beta) and time the algorithms.
     Collective: every rank calls it; every rank returns rank 0's numbers."""
     world = transport.world_size
     values = torch.zeros(5, dtype=torch.float64)
@@ -214,8 +252,10 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
             inter_alpha, inter_beta = _link(transport, 0, ranks_per_node)
         values = torch.tensor([alpha, beta, _gamma(), inter_alpha, inter_beta], dtype=torch.float64)
         transport.broadcast(values, 0)
-    native = {kind: _native_times(transport, kind) for kind in KINDS} if world >= 2 else {}
     a, b, g, ia, ib = (float(v) for v in values)
+    measured = {}
+    if world >= 2:
+        measured = {kind: _time_algorithms(transport, kind, a, b, ranks_per_node) for kind in KINDS}
     return Calibration(
         world_size=world,
         ranks_per_node=ranks_per_node,
@@ -224,7 +264,7 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         gamma=g,
         inter_alpha=ia,
         inter_beta=ib,
-        native=native,
+        measured=measured,
         backend=backend,
         host=socket.gethostname(),
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -16,6 +16,7 @@ collective call (a barrier) on the group before the first schedule runs.
 
 from __future__ import annotations
 
+import threading
 from typing import ClassVar
 
 import torch
@@ -60,6 +61,24 @@ def combine(target: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         torch.minimum(target, incoming, out=target)
 
 
+_scratch = threading.local()
+
+
+def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A receive buffer of ``numel`` elements of ``like``'s dtype and device, reused across
+    rounds and calls (per thread): a fresh multi-MiB ``empty`` every round costs page faults
+    comparable to the copy itself. Valid until the next call on this thread."""
+    buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = _scratch.__dict__.setdefault(
+        "buffers", {}
+    )
+    key = (like.dtype, like.device)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+        buffers[key] = buf
+    return buf[:numel]
+
+
 def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) -> None:
     """Execute this rank's part of ``schedule`` on the contiguous 1-D tensor ``flat``."""
     transport = as_transport(comm)
@@ -70,7 +89,7 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
     for r, steps in enumerate(schedule.by_round):
         sends: list[tuple[torch.Tensor, int]] = []
         recvs: list[tuple[torch.Tensor, int]] = []
-        reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        reduced: list[tuple[torch.Tensor, int]] = []  # (own chunk, source) to reduce into
         for s in steps:
             if rank not in (s.src, s.dst):
                 continue
@@ -82,9 +101,17 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
             elif s.op == "copy":
                 recvs.append((view, s.src))
             else:
-                incoming = torch.empty_like(view)
-                reductions.append((view, incoming))
-                recvs.append((incoming, s.src))
+                reduced.append((view, s.src))
+        # A rank receives at most one message per round (Schedule.validate), but carve the
+        # scratch buffer per reduction anyway so the runner does not depend on it.
+        buf = scratch(sum(v.numel() for v, _ in reduced), flat) if reduced else flat[:0]
+        reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        offset = 0
+        for view, src in reduced:
+            incoming = buf[offset : offset + view.numel()]
+            offset += view.numel()
+            reductions.append((view, incoming))
+            recvs.append((incoming, src))
         if not sends and not recvs:
             continue
         transport.exchange(sends, recvs, COLLECTIVE_TAG + r % TAG_SPAN)
