@@ -90,7 +90,7 @@ def test_reducer_algorithms_wire_formats_and_auto(tmp_path: Path) -> None:
     assert data["gamma"] > 0
     timed = data["measured"]["all_reduce"]
     assert {"native", "ring", "naive", "binomial"} <= set(timed)
-    assert all(len(points) == 5 for points in timed.values())
+    assert len({len(points) for points in timed.values()}) == 1  # same sizes for all
     assert "chain" in data["measured"]["broadcast"]
 
 

@@ -19,8 +19,13 @@ The tbf parameters, chosen so that large transfers really run at the rate:
   of only a few packets lets timer slack leave the link idle, so the measured rate falls short.
   The bucket is also the most a link can send above the rate after an idle spell: 128 KiB is
   10 ms at 100 Mbit/s and 1 ms at 1 Gbit/s, negligible against transfers of megabytes.
-* ``latency`` = 20 ms: the queue holds rate x 20 ms + burst bytes. A shorter queue drops packets
-  that TCP then retransmits (below the rate); a longer one only adds delay under load.
+* ``latency`` = the time the link needs for 256 KiB (a few GSO packets), at least 2 ms: 2 ms at
+  1 Gbit/s, 21 ms at 100 Mbit/s; the queue holds rate x latency + burst bytes. A queue of fewer
+  packets drops so often that TCP stalls (at 100 Mbit/s a 2 ms queue made a test job time out);
+  a deep one halves a TCP connection that carries data both ways at once (what gloo does for a
+  pairwise exchange), as each direction's ACKs wait behind the other direction's queued data.
+  Measured over 1 Gbit/s, 16 MB each way on one connection: 278 ms with a 20 ms queue, 140 ms
+  with 2 ms (one way alone: 139 ms).
 
 Names include the creating process's pid and a counter (``tether-PID-K-n0``, ``tether-PID-K-sw``),
 so concurrent test runs never clash; :func:`cleanup_stale` removes the namespaces of dead pids
@@ -34,6 +39,7 @@ import atexit
 import contextlib
 import functools
 import itertools
+import math
 import os
 import re
 import shutil
@@ -64,11 +70,16 @@ class NetnsError(TetherError):
     """Setting up, using or tearing down an emulated cluster failed."""
 
 
+QUEUE_BYTES = 256 * 1024
+
+
 def tbf_parameters(link_mbit: float) -> tuple[int, int]:
     """``(burst_bytes, latency_ms)`` of the token bucket for a link of ``link_mbit`` Mbit/s
     (why these values: the module docstring)."""
     rate_bytes_per_s = link_mbit * 1e6 / 8
-    return max(128 * 1024, int(rate_bytes_per_s * 0.002)), 20
+    burst = max(128 * 1024, int(rate_bytes_per_s * 0.002))
+    latency_ms = max(2, math.ceil(QUEUE_BYTES / rate_bytes_per_s * 1000))
+    return burst, latency_ms
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:

@@ -51,6 +51,9 @@ CALIBRATION_TAG = 7900
 TIMED_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which the algorithms are timed
 # auto leaves native only for an algorithm measured this much faster (noise is not a reason)
 MARGIN = 0.1
+# Larger sizes are not timed once one call takes this long (a slow network): the times beyond
+# are extrapolated in proportion to the size, and the calibration stays a few seconds.
+SLOW_CALL_S = 0.05
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = ("all_reduce", "broadcast")
 VERSION = 2
@@ -214,8 +217,9 @@ def _time_algorithms(
     transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
 ) -> dict[str, list[tuple[float, float]]]:
     """Median over repeats of the slowest rank's time per call of every candidate algorithm,
-    at each of :data:`TIMED_SIZES`; sizes outer, algorithms inner, so a slow spell of the
-    machine hits the algorithms of one size alike."""
+    at each of :data:`TIMED_SIZES` up to the first where a call takes :data:`SLOW_CALL_S`;
+    sizes outer, algorithms inner, so a slow spell of the machine hits the algorithms of one
+    size alike. Every rank sees the same (all-reduced) times, so all stop at the same size."""
     names = candidates(kind, ranks_per_node, transport.world_size)
     algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
@@ -237,6 +241,8 @@ def _time_algorithms(
                     samples.append(float(elapsed[0]))
             samples.sort()
             points[name].append((float(n_bytes), samples[len(samples) // 2]))
+        if max(p[-1][1] for p in points.values()) > SLOW_CALL_S:
+            break
     return points
 
 
