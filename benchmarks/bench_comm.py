@@ -5,8 +5,10 @@ Parts, each one ``tether bench comm`` subprocess whose ``comm.json`` is read bac
 1. ``allreduce``: every all-reduce algorithm and ``native`` (gloo) on this machine, 4 B to 64 MiB.
    Goals: ``auto`` >= 1.0x native at every size (auto may pick native); ring >= 0.8x native at
    >= 1 MiB.
-2. ``broadcast``: pipelined chain vs binomial tree (and native) from 1 MiB to 64 MiB on 4 ranks.
-   Goal: chain >= 1.5x binomial at >= 16 MiB.
+2. ``broadcast``: pipelined chain vs binomial tree (and native) from 1 MiB to 64 MiB on 4 ranks of
+   this machine (recorded, no goal: every "link" here is a copy by the same 2 cores), and
+   ``broadcast-nodes``: the same on 4 emulated nodes x 1 rank with tbf-capped links. Goal there:
+   chain >= 1.5x binomial at >= 16 MiB.
 3. ``nodes``: 2 emulated nodes x 2 ranks (network namespaces, each node's link capped with tbf at
    ``--link-mbit``), hierarchical vs flat ring (and native, auto). Goal: hierarchical faster than
    ring at >= 1 MiB. Needs root; skipped with the reason otherwise.
@@ -41,7 +43,7 @@ from typing import Any
 
 from _common import ForeignLoad, machine, machine_slug, tether_command, write_result
 
-PARTS = ("allreduce", "broadcast", "nodes", "mpi")
+PARTS = ("allreduce", "broadcast", "broadcast-nodes", "nodes", "mpi")
 MiB = 1 << 20
 
 
@@ -102,11 +104,10 @@ def time_table(report: dict[str, Any], reference: str = "native") -> list[str]:
 
 
 def goal(
-    report: dict[str, Any], fast: str, slow: str, least: float, min_bytes: int, at_least: float
+    report: dict[str, Any], fast: str, slow: str, min_bytes: int, at_least: float
 ) -> tuple[bool, str]:
-    """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes
-    (and <= ``least``-free: ``least`` is unused when 0). Returns (passed, the worst ratio line)."""
-    del least
+    """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes.
+    Returns (passed, a line with the worst ratio and the failing sizes)."""
     ratios = [
         (row[slow]["time_s"] / row[fast]["time_s"], n)
         for n, row in sorted(by_size(report).items())
@@ -125,23 +126,38 @@ def goal(
 
 def part_allreduce(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     argv = ["--op", "allreduce", "--sizes", sizes(4, 64 * MiB), "--workers", str(args.workers)]
-    argv += ["--repeats", str(args.repeats)]
+    argv += ["--repeats", str(args.repeats), "--recalibrate"]  # auto chooses by a fresh one
     report, shown, seconds = bench(argv, tmp / "allreduce", args.timeout)
     goals = [
-        ("auto >= 1.0x native at every size", *goal(report, "auto", "native", 0, 0, 1.0)),
-        ("ring >= 0.8x native at >= 1 MiB", *goal(report, "ring", "native", 0, MiB, 0.8)),
+        ("auto >= 1.0x native at every size", *goal(report, "auto", "native", 0, 1.0)),
+        ("ring >= 0.8x native at >= 1 MiB", *goal(report, "ring", "native", MiB, 0.8)),
     ]
     return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
 
 
 def part_broadcast(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """On this machine every "link" is a memory copy by the same 2 cores: no pipelining can
+    help, so this part is recorded without a goal; the goal is checked on emulated nodes."""
     argv = ["--op", "broadcast", "--algo", "chain,binomial,native", "--sizes"]
     argv += [sizes(MiB, 64 * MiB), "--workers", "4", "--repeats", str(args.repeats)]
     report, shown, seconds = bench(argv, tmp / "broadcast", args.timeout)
+    return {"report": report, "command": shown, "seconds": seconds, "goals": []}
+
+
+def part_broadcast_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from tether.launch.netns import available
+
+    reason = available()
+    if reason is not None:
+        return {"skipped": f"network namespaces unavailable: {reason}"}
+    argv = ["--op", "broadcast", "--algo", "chain,binomial,native", "--sizes"]
+    argv += [sizes(MiB, 64 * MiB), "--workers", "4", "--nodes", "4"]
+    argv += ["--link-mbit", f"{args.link_mbit:g}", "--repeats", str(args.repeats)]
+    report, shown, seconds = bench(argv, tmp / "broadcast-nodes", args.timeout)
     goals = [
         (
-            "chain >= 1.5x binomial at >= 16 MiB",
-            *goal(report, "chain", "binomial", 0, 16 * MiB, 1.5),
+            "chain >= 1.5x binomial at >= 16 MiB (4 emulated nodes x 1 rank)",
+            *goal(report, "chain", "binomial", 16 * MiB, 1.5),
         )
     ]
     return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
@@ -160,7 +176,7 @@ def part_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     goals = [
         (
             "hierarchical faster than flat ring at >= 1 MiB (2 nodes x 2 ranks)",
-            *goal(report, "hierarchical", "ring", 0, MiB, 1.0),
+            *goal(report, "hierarchical", "ring", MiB, 1.0),
         )
     ]
     return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
@@ -227,7 +243,9 @@ def write_markdown(
             lines.append(f"| (part skipped) | - | {part['skipped']} |")
     titles = {
         "allreduce": f"All-reduce, {args.workers} ranks on this machine (gloo over loopback)",
-        "broadcast": "Broadcast from rank 0, 4 ranks on this machine",
+        "broadcast": "Broadcast from rank 0, 4 ranks on this machine (no goal: see the notes)",
+        "broadcast-nodes": f"Broadcast from rank 0 on 4 emulated nodes x 1 rank, links capped at "
+        f"{args.link_mbit:g} Mbit/s (tbf)",
         "nodes": f"All-reduce on 2 emulated nodes x 2 ranks, node links capped at "
         f"{args.link_mbit:g} Mbit/s (tbf)",
         "mpi": "MPI transport vs gloo, native and ring all-reduce, 2 ranks",
@@ -263,6 +281,7 @@ def main() -> None:
     functions = {
         "allreduce": part_allreduce,
         "broadcast": part_broadcast,
+        "broadcast-nodes": part_broadcast_nodes,
         "nodes": part_nodes,
         "mpi": part_mpi,
     }

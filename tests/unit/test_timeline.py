@@ -16,15 +16,13 @@ import pytest
 import torch
 
 from tether.observe import timeline as tl
+from tether.observe.step_trace import StepTracer, optimizer_steps, place_in_gaps
 from tether.observe.timeline import (
-    StepTracer,
     Timeline,
     get_timeline,
     install_timeline,
     merge_if_stale,
     merge_timeline,
-    optimizer_steps,
-    place_in_gaps,
     uninstall_timeline,
     write_rank_file,
 )

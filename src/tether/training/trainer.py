@@ -27,8 +27,8 @@ from tether.models import build_model
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
+from tether.observe.step_trace import StepTracer
 from tether.observe.timeline import (
-    StepTracer,
     clear_rank_file,
     get_timeline,
     install_timeline,
