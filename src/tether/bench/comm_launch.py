@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,26 +32,11 @@ def launch_torch(workers: int, argv: Sequence[str], timeout_s: float, run_dir: P
     the rank is stuck in a collective), so a hung rank ends the run near ``timeout_s``."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    from tether.launch.env import prepare_local_environment
-    from tether.launch.local import describe_failures, free_port
+    from tether.launch.local import describe_failures, local_launch_config
 
-    prepare_local_environment()
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=workers,
-        run_id=f"tether-bench-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-        local_addr="127.0.0.1",
-    )
+    launch = local_launch_config(workers, "tether-bench", monitor_s=0.1)
     try:
         elastic_launch(launch, sys.executable)("-m", WORKER_MODULE, *argv)
     except ChildFailedError as error:

@@ -81,29 +81,36 @@ def describe_failures(error: ChildFailedError, log: Path | None) -> tuple[str, l
     return message, ranks
 
 
+def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> LaunchConfig:
+    """One node of ``processes`` workers under torch's elastic agent: c10d rendezvous on
+    127.0.0.1 at a free port, no restarts (a failed worker fails the run at once), spawned
+    processes. Also sets up the local environment and quiets the agent's logging."""
+    prepare_local_environment()
+    # The agent logs every state change and each failure's traceback; we report failures in one
+    # line per rank and keep the tracebacks in the run directory instead.
+    for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(logger).setLevel(logging.CRITICAL)
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=processes,
+        run_id=f"{name}-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=monitor_s,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+    )
+
+
 def launch_local(config: TrainConfig, processes: int) -> None:
     """Run the training job in ``processes`` local worker processes; raise WorkerFailure on error.
 
     For a method with ``tolerates_worker_loss``, a worker rank other than 0 may die without ending
     the run; the run directory then records it (``summary.json`` ``lost_workers``, ``lost/``).
     """
-    prepare_local_environment()
-    # The agent logs every state change and each failure's traceback; we report failures in one
-    # line per rank and keep the tracebacks in the run directory instead.
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=processes,
-        run_id=f"tether-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0,
-        monitor_interval=0.2,
-        start_method="spawn",
-        local_addr="127.0.0.1",
-    )
+    launch = local_launch_config(processes, "tether")
     tolerant = bool(getattr(METHODS.get(config.method), "tolerates_worker_loss", False))
     run_dir = Path(config.out) if config.out else None
     try:
