@@ -51,8 +51,8 @@ class TrainConfig:
     # Gradient fusion bucket size in MiB; 0 sends one message per parameter (no fusion).
     bucket_mb: float = 1.0
     # Collective algorithm for the gradient / parameter all-reduce of sync-sgd, sync-easgd and
-    # local-sgd: a name from `tether list` (collectives), or "auto" (per message size, from the
-    # calibrated alpha-beta-gamma model), or "native" (the backend's own).
+    # local-sgd: a name from `tether list` (collectives), or "auto" (per message size, the fastest
+    # as timed by a calibration of the running group), or "native" (the backend's own).
     allreduce: str = "native"
     # Wire format of those all-reduces: "none" (the parameters' dtype), "fp16" or "bf16"
     # (pre-divided by the number of workers so that fp16 sums cannot overflow).

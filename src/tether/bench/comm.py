@@ -16,9 +16,10 @@ messages, so that the skew with which ranks leave the barrier is amortised; one 
 Each rank times its own loop; the time of a repeat is the **maximum over ranks** (a collective is
 done when its slowest rank is), and the reported time is the **median over repeats** (robust to
 the other tenants of a shared machine). Large messages get fewer repeats so that a default sweep
-stays short. Sizes run in the outer loop and algorithms in the inner one, so a slow spell of the
-machine hits every algorithm of a size alike and the ``vs native`` ratios stay fair
-(DESIGN.md convention 12: ratios measured side by side in one run).
+stays short. Sizes run in the outer loop, and at each size the repeats are interleaved across the
+algorithms (repeat 1 of every algorithm, then repeat 2, ...), so a slow spell of the machine hits
+every algorithm of a size alike and the ``vs native`` ratios stay fair (DESIGN.md convention 12:
+ratios measured side by side in one run).
 
 Before it is timed, each algorithm runs once per size on inputs of small integers, whose float32
 sums are exact in any order, and its result is compared exactly with the expected one (which is

@@ -129,6 +129,7 @@ def measure(
     for index, size in enumerate(args.sizes):
         case = Case(args.kind, size, rank, world, device)
         iters, repeats = iters_for(case.n_bytes), repeats_for(case.n_bytes, args.repeats)
+        calls: dict[str, tuple[Callable[[], None], bool]] = {}
         for algo in list(algos):
             now = time.perf_counter()
             if progress is not None and (now - last_note > 2.0 or (index, algo) == (0, algos[0])):
@@ -147,8 +148,15 @@ def measure(
                 skipped[algo] = error or "failed on another rank"
                 algos.remove(algo)
                 continue
-            times = _timed_repeats(call, case, transport, sync, iters, repeats + 1)[1:]
-            slowest = torch.tensor(times, dtype=torch.float64, device=device)
+            calls[algo] = (call, not int(status[1]))
+        # Repeats interleaved across the algorithms (the first round is the warm-up), so that
+        # a slow spell of the machine hits them alike: the ratios are measured side by side.
+        mine: dict[str, list[float]] = {algo: [] for algo in calls}
+        for _ in range(repeats + 1):
+            for algo, (call, _) in calls.items():
+                mine[algo] += _timed_repeats(call, case, transport, sync, iters, 1)
+        for algo, (_, correct) in calls.items():
+            slowest = torch.tensor(mine[algo][1:], dtype=torch.float64, device=device)
             transport.all_reduce(slowest, "max")  # a collective ends when its last rank does
             per_repeat = [float(t) for t in slowest.cpu()]
             rows.append(
@@ -159,7 +167,7 @@ def measure(
                     "times_s": per_repeat,
                     "iters": iters,
                     "repeats": repeats,
-                    "correct": not int(status[1]),
+                    "correct": correct,
                     "predicted_s": (
                         predict(algo, args.kind, case.n_bytes) if predict and rank == 0 else None
                     ),

@@ -1,10 +1,11 @@
-"""``auto``: per message size, the algorithm the calibrated alpha-beta-gamma model predicts fastest.
+"""``auto``: per message size, the algorithm a calibration of the running group found fastest.
 
-The same choice MPICH and NCCL make with fixed thresholds (Thakur, Rabenseifner and Gropp 2005:
+The choice MPICH and NCCL make with fixed thresholds (Thakur, Rabenseifner and Gropp 2005:
 recursive doubling for short messages, Rabenseifner's or the ring for long ones), made here from
-a calibration of the running transport (:mod:`tether.perf.calibration`) that also times the
-backend's own collective, so ``native`` is chosen wherever it is predicted faster. Every rank
-holds rank 0's calibration, so every rank picks the same algorithm for the same size.
+a calibration of the running transport (:mod:`tether.perf.calibration`): every candidate,
+``native`` included, timed at a few sizes (the alpha-beta-gamma model where nothing was timed),
+and ``native`` kept unless another is clearly faster. Every rank holds rank 0's calibration, so
+every rank picks the same algorithm for the same size.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Auto(Collective):
-    """Per message size, the algorithm the calibrated alpha-beta-gamma model predicts fastest.
+    """Per message size, the algorithm the calibration of the running group found fastest.
 
     The calibration is measured and cached on first use when none is given."""
 
