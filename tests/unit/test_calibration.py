@@ -43,6 +43,9 @@ def test_auto_keeps_native_unless_another_is_faster_by_the_margin() -> None:
     c = _calibration(native=native, ring=close)
     assert c.choose("all_reduce", 64) == "native"
     assert c.predict("auto", "all_reduce", 4) == 1.0
+    # beyond the largest timed size only native is chosen (an extrapolation is no evidence)
+    c = _calibration(native=native, naive=clearly)
+    assert c.choose("all_reduce", 4) == "naive" and c.choose("all_reduce", 8192) == "native"
 
 
 def test_predictions_are_the_model_with_two_link_levels() -> None:
