@@ -175,6 +175,18 @@ def _transport_calls(t: MPITransport, checks: Checks) -> None:
     chunk = torch.arange(10.0) if rank == 1 else torch.zeros(10)
     t.broadcast(chunk[::2], 1, async_op=True).wait()
     checks.expect(torch.equal(chunk[::2], torch.arange(0.0, 10.0, 2)), "async strided broadcast")
+    # reduced chunks in 4 KiB pieces: the pipelined path of the schedule runner on MPI
+    from tether.comm.collectives import base
+
+    saved, base.PIECE_BYTES = base.PIECE_BYTES, 4096
+    try:
+        data = _data(5, rank, 100_000, torch.int64)
+        native = _run(t, "native", "all_reduce", data)
+        for name in ("ring", "halving-doubling", "recursive-doubling", "binomial"):
+            out = _run(t, name, "all_reduce", data)
+            checks.expect(torch.equal(out, native), f"{name} in 4 KiB pieces")
+    finally:
+        base.PIECE_BYTES = saved
     if world > 2:  # ranks 1..P-1 as a communicator of their own: ranks there start at 0
         sub = t.comm.Split(0 if rank else t.MPI.UNDEFINED, rank)
         if rank:

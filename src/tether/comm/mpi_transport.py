@@ -226,6 +226,27 @@ class MPITransport(MessageProtocol):
             requests.append(comm.Isend([memory(tensor), byte], dest=peer, tag=tag))
         self.MPI.Request.Waitall(requests)
 
+    def start_exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> tuple[list[MPIWork], list[MPIWork]]:
+        """Post like :meth:`exchange`; return (one handle per receive, in order; one for all the
+        sends). MPI matches one sender's messages on one tag in posting order (non-overtaking,
+        MPI-3.1 section 3.5)."""
+        comm, byte, memory = self.comm, self.MPI.BYTE, self._memory
+        received = [
+            MPIWork(self.MPI, [comm.Irecv([memory(b), byte], source=p, tag=tag)], [b])
+            for b, p in recvs
+        ]
+        held = [t.contiguous() for t, _ in sends]
+        requests = [
+            comm.Isend([memory(t), byte], dest=peer, tag=tag)
+            for t, (_, peer) in zip(held, sends, strict=True)
+        ]
+        return received, [MPIWork(self.MPI, requests, held)]
+
     # -- point to point ------------------------------------------------------------------------
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> MPIWork:
         requests = [

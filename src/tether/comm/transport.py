@@ -71,6 +71,13 @@ class Transport(Protocol):
         tag: int,
     ) -> None: ...
 
+    def start_exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> tuple[list[Any], list[Any]]: ...
+
 
 class TorchTransport(MessageProtocol):
     """torch.distributed collectives and the header-checked point-to-point protocol."""
@@ -112,6 +119,23 @@ class TorchTransport(MessageProtocol):
         ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+
+    def start_exchange(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> tuple[list[Any], list[Any]]:
+        """Post like :meth:`exchange` but return (one handle per receive, in order; the sends'
+        handles) so the caller can use each received piece as soon as it lands. Several
+        messages between two ranks on one tag are matched in posting order. The caller keeps
+        every tensor alive until its handle is waited on."""
+        ops = [dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=p) for t, p in recvs]
+        ops += [
+            dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=p) for t, p in sends
+        ]
+        works = dist.batch_isend_irecv(ops)
+        return works[: len(recvs)], works[len(recvs) :]
 
     # -- point to point ------------------------------------------------------------------------
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> PendingSend:

@@ -38,6 +38,7 @@ def as_transport(comm: Comm) -> Transport:
 
 
 COLLECTIVE_TAG = 8000
+PIECE_BYTES = 4 << 20  # reduced chunks larger than two of these travel in pieces
 TAG_SPAN = 1000
 KINDS = ("all_reduce", "broadcast", "reduce")
 OPS = ("sum", "avg", "max", "min")
@@ -97,7 +98,9 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
             if view.numel() == 0:  # both sides see the same empty chunk: nothing to move
                 continue
             if s.src == rank:
-                sends.append((view, s.dst))
+                # a large reduced chunk travels in pieces (both sides split it alike)
+                pieces = _pieces(view) if s.op == "reduce" else [view]
+                sends += [(piece, s.dst) for piece in pieces]
             elif s.op == "copy":
                 recvs.append((view, s.src))
             else:
@@ -110,13 +113,50 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
         for view, src in reduced:
             incoming = buf[offset : offset + view.numel()]
             offset += view.numel()
-            reductions.append((view, incoming))
-            recvs.append((incoming, src))
+            for own, piece in zip(_pieces(view), _pieces(incoming), strict=True):
+                reductions.append((own, piece))
+                recvs.append((piece, src))
         if not sends and not recvs:
             continue
-        transport.exchange(sends, recvs, COLLECTIVE_TAG + r % TAG_SPAN)
-        for view, incoming in reductions:
-            combine(view, incoming, op)
+        tag = COLLECTIVE_TAG + r % TAG_SPAN
+        if len(reductions) < 2 or _sends_overlap(sends, reductions):
+            # Sends read the start-of-round value: a chunk this rank also sends this round
+            # (recursive doubling) is reduced into only after every transfer has completed.
+            transport.exchange(sends, recvs, tag)
+            for own, piece in reductions:
+                combine(own, piece, op)
+            continue
+        # Pipelined: add piece k while pieces k+1... are still arriving.
+        received, sent = transport.start_exchange(sends, recvs, tag)
+        for (own, piece), handle in zip(reductions, received, strict=False):
+            handle.wait()
+            combine(own, piece, op)
+        for handle in received[len(reductions) :] + sent:
+            handle.wait()
+
+
+def _sends_overlap(
+    sends: list[tuple[torch.Tensor, int]], reductions: list[tuple[torch.Tensor, torch.Tensor]]
+) -> bool:
+    """Whether a reduction target shares memory with a tensor being sent this round."""
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    targets = [span(own) for own, _ in reductions]
+    for tensor, _ in sends:
+        lo, hi = span(tensor)
+        if any(lo < t_hi and t_lo < hi for t_lo, t_hi in targets):
+            return True
+    return False
+
+
+def _pieces(chunk: torch.Tensor) -> list[torch.Tensor]:
+    """A reduced chunk of more than :data:`PIECE_BYTES` as pieces of about that size, so the
+    reduction of one piece overlaps the transfer of the next (as gloo's own ring does); sender
+    and receiver cut the same chunk length the same way."""
+    count = (chunk.numel() * chunk.element_size()) // PIECE_BYTES
+    return list(torch.tensor_split(chunk, count)) if count >= 2 else [chunk]
 
 
 class Collective:
