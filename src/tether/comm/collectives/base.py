@@ -1,10 +1,11 @@
-"""Run a :class:`Schedule` over torch.distributed point-to-point, and the uniform interface.
+"""Run a :class:`Schedule` over a transport's point-to-point calls, and the uniform interface.
 
 Every algorithm of this package is a :class:`Collective`: it builds schedules, and this module
 runs them with the transport's point-to-point ``exchange`` of tensor chunks (one round's sends
 and receives posted together, then all waited on, so two ranks exchanging in one round cannot
-deadlock; on torch this is ``dist.batch_isend_irecv``, on MPI ``Isend``/``Irecv``). Sizes come from the schedule, known to
-both sides, so no header travels; a reduced chunk is received into a buffer of exactly its size.
+deadlock; on torch this is ``dist.batch_isend_irecv``, on MPI ``Isend``/``Irecv``). Sizes come
+from the schedule, known to both sides, so no header travels; a reduced chunk is received into a
+buffer of exactly its size.
 
 Collectives use tags ``COLLECTIVE_TAG + round % TAG_SPAN``, apart from the parameter-server
 protocol's 7001/7002 (+10 per channel), so the two never match each other's messages; distinct
@@ -109,13 +110,15 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
         # scratch buffer per reduction anyway so the runner does not depend on it.
         buf = scratch(sum(v.numel() for v, _ in reduced), flat) if reduced else flat[:0]
         reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        pieces_in: list[tuple[torch.Tensor, int]] = []  # first, so handle k is reduction k's
         offset = 0
         for view, src in reduced:
             incoming = buf[offset : offset + view.numel()]
             offset += view.numel()
             for own, piece in zip(_pieces(view), _pieces(incoming), strict=True):
                 reductions.append((own, piece))
-                recvs.append((piece, src))
+                pieces_in.append((piece, src))
+        recvs = pieces_in + recvs
         if not sends and not recvs:
             continue
         tag = COLLECTIVE_TAG + r % TAG_SPAN
