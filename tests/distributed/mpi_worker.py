@@ -23,6 +23,7 @@ import traceback
 
 import torch
 
+from tests.distributed.collective_checks import Checks, close, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
 from tether.comm.header import MessageHeader, MessageKind, ProtocolError
@@ -31,35 +32,8 @@ from tether.comm.transport import HEADER_TAG
 from tether.errors import TetherError
 
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.bfloat16: 2.0**-8}
 # "auto" picks one of the others per size after a timed calibration: the others are checked here.
 SKIP = {"auto"}
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.count = 0
-        self.failures: list[str] = []
-
-    def expect(self, ok: bool, what: str) -> None:
-        self.count += 1
-        if not ok:
-            self.failures.append(what)
-
-
-def _data(seed: int, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.int64:
-        return torch.randint(-(10**6), 10**6, (n,), generator=g)
-    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
-
-
-def _close(ours, ref, op, world, abs_sum) -> bool:
-    if ours.dtype == torch.int64 or op == "max":
-        return torch.equal(ours, ref)
-    u = UNIT_ROUNDOFF[ours.dtype]
-    bound = 2 * (world * u / (1 - world * u)) * abs_sum / (world if op == "avg" else 1)
-    return bool(((ours.double() - ref.double()).abs() <= bound).all())
 
 
 def _names(kind: str) -> list[str]:
@@ -108,7 +82,7 @@ def _all_reduces(t: MPITransport, checks: Checks) -> None:
         for dtype in DTYPES:
             for op in ("sum", "max") if dtype == torch.int64 else ("sum", "avg", "max"):
                 seed += 1
-                inputs = [_data(seed, r, n, dtype) for r in range(world)]
+                inputs = [sample(seed, r, n, dtype) for r in range(world)]
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 exact = _exact(inputs, op, world)
                 naive = _run(t, "naive", "all_reduce", inputs[rank], op)
@@ -116,9 +90,9 @@ def _all_reduces(t: MPITransport, checks: Checks) -> None:
                 for name in _names("all_reduce"):
                     ours = _run(t, name, "all_reduce", inputs[rank], op)
                     case = f"{name} all_reduce P={world} n={n} {dtype} {op}"
-                    checks.expect(_close(ours, naive, op, world, abs_sum), f"{case} vs naive")
-                    checks.expect(_close(ours, native, op, world, abs_sum), f"{case} vs native")
-                    checks.expect(_close(ours, exact, op, world, abs_sum), f"{case} vs exact")
+                    checks.expect(close(ours, naive, op, world, abs_sum), f"{case} vs naive")
+                    checks.expect(close(ours, native, op, world, abs_sum), f"{case} vs native")
+                    checks.expect(close(ours, exact, op, world, abs_sum), f"{case} vs exact")
                     if name != "native":  # MPI does not promise identical results everywhere
                         checks.expect(_identical_everywhere(t, ours), f"{case}: ranks differ")
 
@@ -128,13 +102,13 @@ def _broadcasts_and_reduces(t: MPITransport, checks: Checks) -> None:
     root = world - 1  # a non-zero root
     for n in _lengths(world):
         for dtype in DTYPES:
-            data = _data(7, rank, n, dtype)
-            expected = _data(7, root, n, dtype)
+            data = sample(7, rank, n, dtype)
+            expected = sample(7, root, n, dtype)
             for collective in [*_names("broadcast"), Chain(chunks=5)]:
                 ours = _run(t, collective, "broadcast", data, root=root)
                 checks.expect(torch.equal(ours, expected), f"{collective} broadcast n={n} {dtype}")
             for op in ("sum", "max"):
-                inputs = [_data(11, r, n, dtype) for r in range(world)]
+                inputs = [sample(11, r, n, dtype) for r in range(world)]
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 exact = _exact(inputs, op, world)
                 native = _run(t, "native", "reduce", inputs[rank], op, root)
@@ -142,8 +116,8 @@ def _broadcasts_and_reduces(t: MPITransport, checks: Checks) -> None:
                     ours = _run(t, name, "reduce", inputs[rank], op, root)
                     if rank == root:
                         case = f"{name} reduce P={world} n={n} {dtype} {op}"
-                        checks.expect(_close(ours, native, op, world, abs_sum), f"{case} vs native")
-                        checks.expect(_close(ours, exact, op, world, abs_sum), f"{case} vs exact")
+                        checks.expect(close(ours, native, op, world, abs_sum), f"{case} vs native")
+                        checks.expect(close(ours, exact, op, world, abs_sum), f"{case} vs exact")
 
 
 def _transport_calls(t: MPITransport, checks: Checks) -> None:
@@ -180,7 +154,7 @@ def _transport_calls(t: MPITransport, checks: Checks) -> None:
 
     saved, base.PIECE_BYTES = base.PIECE_BYTES, 4096
     try:
-        data = _data(5, rank, 100_000, torch.int64)
+        data = sample(5, rank, 100_000, torch.int64)
         native = _run(t, "native", "all_reduce", data)
         for name in ("ring", "halving-doubling", "recursive-doubling", "binomial"):
             out = _run(t, name, "all_reduce", data)

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.distributed.collective_checks import Checks, close, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
@@ -24,7 +25,6 @@ from tether.errors import TetherError
 from tether.launch.spawn import run_spawned
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.bfloat16: 2.0**-8}
 ALL_REDUCE = [n for n in collectives_for("all_reduce") if n not in ("naive", "native")]
 BROADCAST = [COLLECTIVES.get(n) for n in collectives_for("broadcast") if n != "native"]
 BROADCAST.append(Chain(chunks=5))  # uneven chunks, and more chunks than elements for short n
@@ -36,36 +36,8 @@ def _node_splits(world: int) -> list[Hierarchical]:
     return [Hierarchical(ranks_per_node=g) for g in range(1, world) if world % g == 0]
 
 
-def _data(seed: int, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.int64:
-        return torch.randint(-(10**6), 10**6, (n,), generator=g)
-    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
-
-
 def _lengths(world: int) -> list[int]:
     return sorted({1, world - 1, 7, 1000, 100_000})
-
-
-class Checks:
-    """Collects failures instead of raising, so that every rank keeps making the same calls."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.failures: list[str] = []
-
-    def expect(self, ok: bool, what: str) -> None:
-        self.count += 1
-        if not ok:
-            self.failures.append(what)
-
-
-def _close(ours, ref, op, world, abs_sum) -> bool:
-    if ours.dtype == torch.int64 or op == "max":
-        return torch.equal(ours, ref)
-    u = UNIT_ROUNDOFF[ours.dtype]
-    bound = 2 * (world * u / (1 - world * u)) * abs_sum / (world if op == "avg" else 1)
-    return bool(((ours.double() - ref.double()).abs() <= bound).all())
 
 
 def _identical_everywhere(result: torch.Tensor) -> bool:
@@ -95,26 +67,26 @@ def _all_reduces(rank: int, world: int, checks: Checks) -> None:
             ops = ("sum", "max") if dtype == torch.int64 else ("sum", "avg", "max")
             for op in ops:
                 seed += 1
-                inputs = [_data(seed, r, n, dtype) for r in range(world)]
+                inputs = [sample(seed, r, n, dtype) for r in range(world)]
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 naive = _run("naive", "all_reduce", inputs[rank], op)
                 native = _run("native", "all_reduce", inputs[rank], op)
                 for name in ALL_REDUCE + _node_splits(world):
                     ours = _run(name, "all_reduce", inputs[rank], op)
                     case = f"{name} all_reduce P={world} n={n} {dtype} {op}"
-                    checks.expect(_close(ours, naive, op, world, abs_sum), f"{case} vs naive")
-                    checks.expect(_close(ours, native, op, world, abs_sum), f"{case} vs native")
+                    checks.expect(close(ours, naive, op, world, abs_sum), f"{case} vs naive")
+                    checks.expect(close(ours, native, op, world, abs_sum), f"{case} vs native")
                     checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
-                checks.expect(_close(naive, native, op, world, abs_sum), f"naive vs native {n}")
+                checks.expect(close(naive, native, op, world, abs_sum), f"naive vs native {n}")
     # one million elements (float32 sum only: the long-vector paths, chunking and pipelining)
     n = 1_000_000
-    inputs = [_data(99, r, n, torch.float32) for r in range(world)]
+    inputs = [sample(99, r, n, torch.float32) for r in range(world)]
     abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
     native = _run("native", "all_reduce", inputs[rank], "sum")
     for name in ALL_REDUCE + _node_splits(world):
         ours = _run(name, "all_reduce", inputs[rank], "sum")
         case = f"{name} all_reduce P={world} n={n}"
-        checks.expect(_close(ours, native, "sum", world, abs_sum), f"{case} vs native")
+        checks.expect(close(ours, native, "sum", world, abs_sum), f"{case} vs native")
         checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
 
 
@@ -122,20 +94,20 @@ def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
     root = world - 1  # a non-zero root
     for n in _lengths(world):
         for dtype in DTYPES:
-            data = _data(7, rank, n, dtype)
+            data = sample(7, rank, n, dtype)
             native = _run("native", "broadcast", data, root=root)
             for collective in BROADCAST + _node_splits(world):
                 ours = _run(collective, "broadcast", data, root=root)
                 what = f"{collective} broadcast P={world} n={n} {dtype}"
                 checks.expect(torch.equal(ours, native), what)
             for op in ("sum", "max"):
-                inputs = [_data(11, r, n, dtype) for r in range(world)]
+                inputs = [sample(11, r, n, dtype) for r in range(world)]
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 native = _run("native", "reduce", inputs[rank], op, root)
                 for name in ("naive", "binomial"):
                     ours = _run(name, "reduce", inputs[rank], op, root)
                     if rank == root:
-                        ok = _close(ours, native, op, world, abs_sum)
+                        ok = close(ours, native, op, world, abs_sum)
                         checks.expect(ok, f"{name} reduce P={world} n={n} {dtype} {op}")
 
 
@@ -168,7 +140,7 @@ def _pipelined_pieces(rank: int, world: int, checks: Checks) -> None:
 
     saved, base.PIECE_BYTES = base.PIECE_BYTES, 4096
     try:
-        data = _data(5, rank, 100_000, torch.int64)
+        data = sample(5, rank, 100_000, torch.int64)
         native = _run("native", "all_reduce", data)
         for name in ALL_REDUCE + _node_splits(world):
             ours = _run(name, "all_reduce", data)
