@@ -180,7 +180,10 @@ def _link(transport: Transport, a: int, b: int) -> tuple[float, float]:
     """(alpha, beta) of the link between ranks a and b, measured on rank a."""
     times = [_one_way_time(transport, a, b, n, 30 if n < 1024 else 5) for n in PING_SIZES]
     alpha = times[0]
-    beta = max(0.0, (times[2] - times[1]) / (PING_SIZES[2] - PING_SIZES[1]))
+    slope = (times[2] - times[1]) / (PING_SIZES[2] - PING_SIZES[1])
+    # On a busy machine the smaller transfer can take longer than the larger one; the time per
+    # byte of the larger alone (an upper bound) is then a better estimate than a slope of <= 0.
+    beta = slope if slope > 0 else times[2] / PING_SIZES[2]
     return alpha, beta
 
 
