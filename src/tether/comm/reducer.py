@@ -45,17 +45,29 @@ class CommThread:
     waits for it: the training thread's error (naming the rank) ends the process."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Future]] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="tether-comm", daemon=True).start()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Future] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._loop, name="tether-comm", daemon=True)
+        self._thread.start()
 
     def submit(self, job: Callable[[], None]) -> Future:
         future: Future = Future()
         self._jobs.put((job, future))
         return future
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop after the jobs already submitted; a thread still alive at interpreter exit is
+        frozen in whatever it was doing, so a clean run ends it here."""
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+
     def _loop(self) -> None:
         while True:
-            job, future = self._jobs.get()
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, future = item
             try:
                 job()
             except BaseException as error:  # handed to the waiting thread, which re-raises it
@@ -151,6 +163,12 @@ class AllReducer:
                 self._thread = CommThread()
             pending.future = self._thread.submit(lambda: self._run(chosen, wire))
         return pending
+
+    def close(self) -> None:
+        """End the communication thread (a later ``start`` makes a new one)."""
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
 
     def _trace_native(self, pending: PendingReduce) -> None:
         """The backend's work is opaque: the trace shows it from when it can have started (its

@@ -9,6 +9,7 @@ from torch import nn
 
 from tether.comm.reducer import build_reducer
 from tether.methods.base import MethodContext, TrainingMethod
+from tether.observe.metrics import PhaseTotals
 
 
 def broadcast_parameters(model: nn.Module, transport, src: int = 0) -> None:
@@ -58,3 +59,7 @@ class ReplicatedMethod(TrainingMethod):
     def start(self, step: int = 0) -> None:
         super().start(step)
         broadcast_parameters(self.model, self.transport)
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        del totals
+        self.reducer.close()

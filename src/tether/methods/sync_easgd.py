@@ -99,6 +99,7 @@ class SyncEASGD(TrainingMethod):
     def finish(self, totals: PhaseTotals | None) -> None:
         del totals
         self._complete_round()
+        self.reducer.close()
 
     def summary_extra(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "alpha": self.alpha, "tau": self.config.tau}
