@@ -36,6 +36,7 @@ from tether.launch.netns import (
     cleanup_stale,
     our_namespaces,
 )
+from tether.launch.netns_tcp import tcp_transfer
 from tether.launch.netns_torchrun import TorchrunResult, torchrun_across
 
 HERE = Path(__file__).parent
@@ -70,7 +71,7 @@ def test_bad_arguments_are_one_line_errors() -> None:
 @needs_netns
 def test_nodes_reach_each_other_over_tcp_and_nothing_else(cluster: EmulatedCluster) -> None:
     for src, dst in ((0, 1), (1, 0)):
-        assert cluster.tcp_transfer(src, dst, 1000, timeout=20) > 0
+        assert tcp_transfer(cluster, src, dst, 1000, timeout=20) > 0
     for i in range(cluster.nodes):
         links = cluster.run(i, ["ip", "-o", "link", "show"], timeout=10).stdout
         names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
@@ -83,10 +84,10 @@ def test_nodes_reach_each_other_over_tcp_and_nothing_else(cluster: EmulatedClust
 def test_shaped_link_limits_a_large_transfer(cluster: EmulatedCluster) -> None:
     nbytes = 5_000_000
     predicted = nbytes * 8 / (LINK_MBIT * 1e6)  # 0.4 s; the headers make it slower still
-    shaped = cluster.tcp_transfer(0, 1, nbytes)
+    shaped = tcp_transfer(cluster, 0, 1, nbytes)
     assert shaped >= 0.8 * predicted, f"{shaped:.3f} s for {nbytes} B: the link is not shaped"
     with EmulatedCluster(2) as free:  # the same transfer on an unshaped veth: the method works
-        unshaped = free.tcp_transfer(0, 1, nbytes)
+        unshaped = tcp_transfer(free, 0, 1, nbytes)
     assert unshaped < 0.5 * shaped, f"unshaped {unshaped:.3f} s vs shaped {shaped:.3f} s"
 
 

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tether.errors import TetherError
+from tether.launch.proctree import descendants, signal_all
 
 # Network layers under MPICH: loopback only for a single-machine job.
 LOOPBACK_ENV = {
@@ -132,35 +133,6 @@ def run_mpi(
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc (Linux); empty where there is no /proc."""
-    tree: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process exited while we looked
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after it.
-        fields = text[text.rfind(")") + 2 :].split()
-        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return tree
-
-
-def _descendants(pid: int) -> list[int]:
-    tree, found, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
 def _marked(job: str) -> list[int]:
     """Pids of the processes whose environment carries this job's marker (Linux /proc)."""
     needle = f"{JOB_MARKER}={job}".encode()
@@ -179,15 +151,15 @@ def _kill_tree(proc: subprocess.Popen[str], job: str) -> None:
     after a grace period SIGKILL to it, every descendant it had (in its own session or not), and
     every process carrying the job's marker (ranks started late or re-parented)."""
     if proc.poll() is not None:
-        _signal(_marked(job), signal.SIGKILL)
+        signal_all(_marked(job), signal.SIGKILL)
         return
-    ranks = _descendants(proc.pid)
-    _signal([proc.pid], signal.SIGTERM)
+    ranks = descendants(proc.pid)
+    signal_all([proc.pid], signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    ranks += [pid for pid in _descendants(proc.pid) if pid not in ranks]
-    _signal([proc.pid, *ranks], signal.SIGKILL)
+    ranks += [pid for pid in descendants(proc.pid) if pid not in ranks]
+    signal_all([proc.pid, *ranks], signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything left in mpiexec's own session
     proc.wait()
@@ -195,5 +167,5 @@ def _kill_tree(proc: subprocess.Popen[str], job: str) -> None:
         left = [pid for pid in _marked(job) if pid != os.getpid()]
         if not left:
             break
-        _signal(left, signal.SIGKILL)
+        signal_all(left, signal.SIGKILL)
         time.sleep(0.05)

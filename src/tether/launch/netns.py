@@ -45,7 +45,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,6 +52,7 @@ from types import TracebackType
 from typing import Any
 
 from tether.errors import TetherError
+from tether.launch.proctree import kill_tree
 
 PREFIX = "tether-"
 # tether-PID-K-nI (node I of this process's K-th cluster), tether-PID-K-sw, tether-PID-probe
@@ -167,45 +167,6 @@ def cleanup_stale() -> list[str]:
             _delete_namespace(name)
             stale.append(name)
     return stale
-
-
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                # the command name (field 2) may hold spaces and parentheses: split after it
-                ppid = int(stat.read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants, whatever session they moved to (torchrun starts
-    each worker in a new session, so killing a process group misses them). Every process found
-    is stopped first so that none can fork a child after the walk and escape."""
-    stopped: set[int] = set()
-    while True:
-        tree, todo, found = _children(), [pid], []
-        while todo:
-            p = todo.pop()
-            found.append(p)
-            todo.extend(tree.get(p, []))
-        new = [p for p in found if p not in stopped]
-        if not new:
-            break
-        for p in new:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGSTOP)
-        stopped.update(new)
-    for p in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
 
 
 class EmulatedCluster:
@@ -388,69 +349,6 @@ class EmulatedCluster:
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-    def tcp_transfer(self, src: int, dst: int, nbytes: int, timeout: float = 60.0) -> float:
-        """Seconds to send ``nbytes`` over one TCP connection from node ``src`` to node ``dst``,
-        from connect until the receiver acknowledges the last byte (so bytes still queued in a
-        socket buffer are not counted as delivered)."""
-        receiver = self.popen(
-            dst,
-            [_python(), "-c", _RECEIVER, self.address(dst), str(nbytes)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + timeout
-        try:
-            assert receiver.stdout is not None
-            port = receiver.stdout.readline().strip()  # the receiver listens before printing
-            if not port.isdigit():
-                detail = receiver.stderr.read() if receiver.stderr else ""
-                raise NetnsError(f"TCP receiver in node {dst} failed: {detail.strip()!r}")
-            sent = self.run(
-                src,
-                [_python(), "-c", _SENDER, self.address(dst), port, str(nbytes)],
-                timeout=max(1.0, deadline - time.monotonic()),
-            )
-            if sent.returncode != 0:
-                detail = (sent.stderr.strip().splitlines() or ["no output"])[-1]
-                raise NetnsError(f"TCP sender in node {src} failed: {detail}")
-            return float(sent.stdout.strip())
-        finally:
-            if receiver.poll() is None:
-                kill_tree(receiver.pid)
-            receiver.wait()
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
-
-
-_RECEIVER = """
-import socket, sys
-server = socket.create_server((sys.argv[1], 0))
-print(server.getsockname()[1], flush=True)
-conn, _ = server.accept()
-left = int(sys.argv[2])
-while left > 0:
-    chunk = conn.recv(min(left, 1 << 20))
-    if not chunk:
-        sys.exit("connection closed early")
-    left -= len(chunk)
-conn.sendall(b"k")
-"""
-
-_SENDER = """
-import socket, sys, time
-data = b"x" * int(sys.argv[3])
-start = time.perf_counter()
-conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
-conn.sendall(data)
-if conn.recv(1) != b"k":
-    sys.exit("no acknowledgement")
-print(time.perf_counter() - start)
-"""
 
 
 @atexit.register

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tether.launch.lost import describe_exit
-from tether.launch.netns import EmulatedCluster, NetnsError, kill_tree
+from tether.launch.netns import EmulatedCluster, NetnsError
+from tether.launch.proctree import kill_tree
 
 RDZV_PORT = 29400  # free in every node: the namespaces are the cluster's own
 
