@@ -205,42 +205,37 @@ def part_broadcast(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return {"report": report, "command": shown, "seconds": seconds, "goals": []}
 
 
-def part_broadcast_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def emulated_part(
+    args: argparse.Namespace, tmp: Path, name: str, argv: list[str], goal_args: tuple
+) -> dict[str, Any]:
+    """One ``tether bench comm`` on emulated nodes (links capped at ``--link-mbit``) and its goal
+    ``(title, fast, slow, min_bytes, at_least)``; skipped with the reason without namespaces."""
     from tether.launch.netns import available
 
     reason = available()
     if reason is not None:
         return {"skipped": f"network namespaces unavailable: {reason}"}
+    argv = [*argv, "--link-mbit", f"{args.link_mbit:g}", "--repeats", str(args.repeats)]
+    report, shown, seconds = bench(argv, tmp / name, args.timeout)
+    title, fast, slow, min_bytes, at_least = goal_args
+    goals = [(title, *goal(report, fast, slow, min_bytes, at_least))]
+    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+
+
+def part_broadcast_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     argv = ["--op", "broadcast", "--algo", "chain,binomial,native", "--sizes"]
     argv += [sizes(MiB, 64 * MiB), "--workers", "4", "--nodes", "4"]
-    argv += ["--link-mbit", f"{args.link_mbit:g}", "--repeats", str(args.repeats)]
-    report, shown, seconds = bench(argv, tmp / "broadcast-nodes", args.timeout)
-    goals = [
-        (
-            "chain >= 1.5x binomial at >= 16 MiB (4 emulated nodes x 1 rank)",
-            *goal(report, "chain", "binomial", 16 * MiB, 1.5),
-        )
-    ]
-    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+    title = "chain >= 1.5x binomial at >= 16 MiB (4 emulated nodes x 1 rank)"
+    return emulated_part(
+        args, tmp, "broadcast-nodes", argv, (title, "chain", "binomial", 16 * MiB, 1.5)
+    )
 
 
 def part_nodes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from tether.launch.netns import available
-
-    reason = available()
-    if reason is not None:
-        return {"skipped": f"network namespaces unavailable: {reason}"}
     argv = ["--op", "allreduce", "--algo", "ring,hierarchical,native,auto", "--sizes"]
     argv += [sizes(64 * 1024, 64 * MiB), "--workers", "4", "--nodes", "2"]
-    argv += ["--link-mbit", f"{args.link_mbit:g}", "--repeats", str(args.repeats)]
-    report, shown, seconds = bench(argv, tmp / "nodes", args.timeout)
-    goals = [
-        (
-            "hierarchical faster than flat ring at >= 1 MiB (2 nodes x 2 ranks)",
-            *goal(report, "hierarchical", "ring", MiB, 1.0),
-        )
-    ]
-    return {"report": report, "command": shown, "seconds": seconds, "goals": goals}
+    title = "hierarchical faster than flat ring at >= 1 MiB (2 nodes x 2 ranks)"
+    return emulated_part(args, tmp, "nodes", argv, (title, "hierarchical", "ring", MiB, 1.0))
 
 
 def part_mpi(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
