@@ -18,7 +18,20 @@ import pytest
 
 from tests.conftest import requires_fashion_mnist, run_cli
 
-ASYNC = ["--method", "async-easgd", "--workers", "3", "--batch-size", "32", "--no-progress"]
+# lr below the method's tuned 0.4 (chosen at batch 64, 4 workers): at batch 32 with 3 workers an
+# unlucky arrival order diverged once in CI (test accuracy 0.1); these tests are about lost
+# workers, not about that default (see the issue note).
+ASYNC = [
+    "--method",
+    "async-easgd",
+    "--workers",
+    "3",
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.2",
+    "--no-progress",
+]
 STEPS = 150
 FAULT = ["--set", "fault_rank=2", "--set", "fault_step=20"]
 
