@@ -100,7 +100,7 @@ class Placement:
 
         from tether.comm.transport import TorchTransport
         from tether.launch.env import DistEnv
-        from tether.launch.worker import resolve_backend
+        from tether.launch.worker import init_process_group, place
 
         env = DistEnv.read()
         if not env.launched:
@@ -108,17 +108,10 @@ class Placement:
                 "the comm worker runs under a launcher: `tether bench comm`, torchrun, or "
                 "mpiexec with --transport mpi"
             )
-        self.backend = resolve_backend(args.backend)
+        self.backend, self.device = place(args.backend, env)
         if self.backend == "nccl":
-            self.device = torch.device("cuda", env.local_rank)
-            torch.cuda.set_device(self.device)
             self.sync = torch.cuda.synchronize
-        dist.init_process_group(
-            self.backend,
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=args.timeout_s + BACKSTOP_S),
-        )
+        init_process_group(self.backend, env, args.timeout_s + BACKSTOP_S)
         self.transport = TorchTransport()
         group = self.transport.group
 

@@ -153,6 +153,8 @@ class GradientBucketer:
 
         Returns the seconds spent waiting: the communication that backward did not hide.
         """
+        if self.flat.is_cuda:  # backward's kernels are the computation, not the wait
+            torch.cuda.synchronize(self.flat.device)
         start = time.perf_counter()
         self._launch_ready(force=True)
         for handle in self._handles:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from tether.config import TrainConfig
+from tether.errors import TetherError
 from tether.launch.env import DistEnv
 
 
@@ -25,28 +26,51 @@ class WorkerPlacement:
     device: torch.device
 
 
-def resolve_backend(requested: str) -> str:
+def resolve_backend(requested: str, local_world_size: int = 1) -> str:
+    """``auto``: NCCL where this node has a GPU for each of its ranks (NCCL cannot put two
+    ranks on one GPU), else gloo on the CPU. An explicit ``nccl`` without enough GPUs is refused
+    in one line rather than failing inside CUDA on the first rank without a device."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        return "nccl" if gpus >= local_world_size else "gloo"
+    if requested == "nccl" and gpus < local_world_size:
+        raise TetherError(
+            f"backend nccl needs one GPU per rank: {local_world_size} ranks on this node, "
+            f"{gpus} GPU(s) visible; use fewer workers or --backend gloo"
+        )
     return requested
+
+
+def place(requested: str, env: DistEnv) -> tuple[str, torch.device]:
+    """This rank's backend and device: with NCCL its own GPU (``cuda:LOCAL_RANK``, made the
+    current device so collectives and allocations land there), else the CPU."""
+    backend = resolve_backend(requested, env.local_world_size)
+    if backend != "nccl":
+        return backend, torch.device("cpu")
+    device = torch.device("cuda", env.local_rank)
+    torch.cuda.set_device(device)
+    return backend, device
+
+
+def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
+    """The default process group. With NCCL it is two backends in one group: NCCL for CUDA
+    tensors (the payloads) and gloo for CPU tensors, so the small control tensors that stay on
+    the CPU (evaluation totals, stop flags, message headers, any-source receives, which NCCL
+    does not have) need no copy to the GPU and no special case in the callers."""
+    dist.init_process_group(
+        "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def init_worker(config: TrainConfig) -> WorkerPlacement:
     """One thread, the process group (env:// rendezvous from the launcher), the device."""
     torch.set_num_threads(1)
     env = DistEnv.read()
-    backend = resolve_backend(config.backend)
-    if backend == "nccl":
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(
-        backend,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=config.timeout_s),
-    )
+    backend, device = place(config.backend, env)
+    init_process_group(backend, env, config.timeout_s)
     return WorkerPlacement(env, backend, device)
 
 

@@ -9,7 +9,6 @@ gets fresh weights.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -43,19 +42,19 @@ class AsyncSGD(ServerMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         loss, grad = loss_and_gradient(self.model, inputs, targets)
         self.accumulated.add_(grad)
         self.local_step += 1
-        times.compute_s += time.perf_counter() - start
+        times.compute_s += self.clock() - start
         if self.local_step % self.tau == 0:
-            start = time.perf_counter()
+            start = self.clock()
             self.accumulated.div_(self.tau)
             weights = self.link.exchange(self.accumulated, MessageKind.GRADIENT, self.local_step)
             if weights is not None:
                 self.flat.copy_(weights)
             self.accumulated.zero_()
-            times.comm_s += time.perf_counter() - start
+            times.comm_s += self.clock() - start
         return loss
 
     # -- server ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ instead of running the step loop.
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,6 +68,15 @@ class TrainingMethod(ABC):
         self.config = context.config
         self.transport = context.transport
         self.local_step = 0  # steps this worker has taken, counted from the start of the run
+
+    def clock(self) -> float:
+        """``time.perf_counter()`` once the device has run what was queued: CUDA kernels run
+        asynchronously, so without the synchronisation a GPU step's compute time would be the
+        time to launch its kernels and its wait would absorb the computation (on the CPU this
+        is the plain clock)."""
+        if self.context.device.type == "cuda":
+            torch.cuda.synchronize(self.context.device)
+        return time.perf_counter()
 
     # Roles --------------------------------------------------------------------------------------
     def role(self) -> Role:

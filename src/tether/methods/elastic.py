@@ -9,7 +9,6 @@ the server serves workers (round-robin or first come, first served) and in the w
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar
 
 import torch
@@ -56,16 +55,16 @@ class ElasticServerMethod(ServerMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         loss = self.local.step(self.model, inputs, targets)
         self.local_step += 1
-        times.compute_s += time.perf_counter() - start
+        times.compute_s += self.clock() - start
         if self.local_step % self.tau == 0:
-            start = time.perf_counter()
+            start = self.clock()
             center = self.link.exchange(self.flat, MessageKind.PARAMS, self.local_step)
             if center is not None:
                 elastic_worker_update(self.flat, center, self.alpha)
-            times.comm_s += time.perf_counter() - start
+            times.comm_s += self.clock() - start
         return loss
 
     # -- server ----------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ reply, so a finished exchange is always already in ``c``. Setting the class attr
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, ClassVar
 
 import torch
@@ -96,14 +95,14 @@ class HogwildEASGD(HogwildMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         loss = self.local.step(self.model, inputs, targets)
         self.note_step()
-        times.compute_s += time.perf_counter() - start
+        times.compute_s += self.clock() - start
         if self.local_step % self.tau == 0:
-            start = time.perf_counter()
+            start = self.clock()
             self.exchange()
-            times.comm_s += time.perf_counter() - start
+            times.comm_s += self.clock() - start
         return loss
 
     def exchange(self) -> None:

@@ -18,8 +18,6 @@ workers' gradients one at a time as they arrive).
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
@@ -61,14 +59,14 @@ class HogwildSGD(HogwildMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         loss, grad = loss_and_gradient(self.model, inputs, targets)
         if self.config.weight_decay:
             grad.add_(self.flat, alpha=self.config.weight_decay)
         # In place on the shared weights, no lock: this is the whole of Hogwild.
         self.flat.sub_(grad, alpha=self.config.lr)
         self.note_step()
-        times.compute_s += time.perf_counter() - start
+        times.compute_s += self.clock() - start
         return loss
 
     # -- server ----------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ deterministic, so two runs with the same seed give bitwise identical weights.
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any
 
 import torch
@@ -58,18 +57,18 @@ class SyncEASGD(TrainingMethod):
         broadcast_parameters(self.model, self.transport)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         loss = self.local.step(self.model, inputs, targets)
         self.local_step += 1
-        times.compute_s += time.perf_counter() - start
+        times.compute_s += self.clock() - start
         if self.local_step % self.config.tau == 0:
             times.comm_s += self._complete_round()
-            start = time.perf_counter()
+            start = self.clock()
             self._sum = self.flat - self.center  # d_i, with the center every rank holds
             self.flat.sub_(self._sum, alpha=self.alpha)  # the worker moves now
             self._pending = self._all_reduce_async(self._sum)
             self.rounds += 1
-            times.compute_s += time.perf_counter() - start
+            times.compute_s += self.clock() - start
             if not self.config.overlap:
                 times.comm_s += self._complete_round()
         return loss
@@ -88,11 +87,11 @@ class SyncEASGD(TrainingMethod):
         """Wait for the last round's sum and move the center; returns the seconds waited."""
         if self._pending is None:
             return 0.0
-        start = time.perf_counter()
+        start = self.clock()
         for handle in self._pending:
             handle.wait()
         self._pending = None
-        waited = time.perf_counter() - start
+        waited = self.clock() - start
         self.center.add_(self._sum, alpha=self.alpha)
         return waited
 

@@ -12,7 +12,6 @@ because the mean of the per-worker mean losses is the mean over the global batch
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ class SyncSGD(ReplicatedMethod):
         )
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = time.perf_counter()
+        start = self.clock()
         self.bucketer.start_step()
         loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
@@ -52,7 +51,7 @@ class SyncSGD(ReplicatedMethod):
         self.rounds += 1
         self.optimizer.step()
         times.comm_s += waited
-        times.compute_s += time.perf_counter() - start - waited
+        times.compute_s += self.clock() - start - waited
         return float(loss.detach())
 
     def summary_extra(self) -> dict[str, Any]:
