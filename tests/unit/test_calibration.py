@@ -9,7 +9,7 @@ from tether.comm.collectives import cost
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.ring import ring_all_reduce
-from tether.perf.calibration import MARGIN, Calibration
+from tether.perf.calibration import MARGIN, VERSION, Calibration
 
 
 def _calibration(**measured: list[tuple[float, float]]) -> Calibration:
@@ -46,6 +46,14 @@ def test_auto_keeps_native_unless_another_is_faster_by_the_margin() -> None:
     # beyond the largest timed size only native is chosen (an extrapolation is no evidence)
     c = _calibration(native=native, naive=clearly)
     assert c.choose("all_reduce", 4) == "naive" and c.choose("all_reduce", 8192) == "native"
+    # between two timed sizes only with the evidence at both: naive's interpolated time at
+    # 16 B is 0.71 (a 29% win) but it loses at 4096 B, so the curves cross somewhere between
+    assert c.measured_time("naive", "all_reduce", 16) < 1 - MARGIN
+    assert c.choose("all_reduce", 16) == "native"
+    both = [(4.0, 0.5), (4096.0, 0.7)]
+    c = _calibration(native=native, naive=clearly, ring=both)
+    assert c.choose("all_reduce", 4) == "naive"  # the fastest of those that win there
+    assert c.choose("all_reduce", 64) == "ring" and c.choose("all_reduce", 4096) == "ring"
 
 
 def test_predictions_are_the_model_with_two_link_levels() -> None:
@@ -68,4 +76,4 @@ def test_json_round_trip_and_stale_versions() -> None:
     c = _calibration(native=[(4.0, 1e-4)])
     assert Calibration.from_json(c.to_json()) == c
     with pytest.raises(ValueError, match="another version"):
-        Calibration.from_json(c.to_json().replace('"version": 2', '"version": 1'))
+        Calibration.from_json(c.to_json().replace(f'"version": {VERSION}', '"version": 1'))

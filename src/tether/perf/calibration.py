@@ -32,6 +32,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,12 @@ if TYPE_CHECKING:
     from tether.comm.collectives.base import Collective
 
 CALIBRATION_TAG = 7900
-TIMED_SIZES = (4, 4096, 65536, 1 << 20, 8 << 20)  # bytes at which the algorithms are timed
+# Bytes at which the algorithms are timed: every power of 4, because auto leaves native only
+# where it has evidence at the timed sizes either side of a message, and backends switch
+# algorithms at small sizes (gloo's all-reduce of fewer elements than ranks is 5x faster than
+# of a few more: 4 B and 16 B on 4 ranks).
+TIMED_SIZES = tuple(4**k for k in range(1, 13))  # 4 B .. 16 MiB
+ROUNDS = 7  # timed rounds per algorithm and size
 # auto leaves native only for an algorithm measured this much faster (noise is not a reason)
 MARGIN = 0.2
 # Larger sizes are not timed once one call takes this long (a slow network): the times beyond
@@ -56,7 +62,7 @@ MARGIN = 0.2
 SLOW_CALL_S = 0.05
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = ("all_reduce", "broadcast")
-VERSION = 2
+VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -120,27 +126,36 @@ class Calibration:
         return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)
 
     def choose(self, kind: str, n_bytes: float) -> str:
-        """The algorithm ``auto`` runs for ``n_bytes``: the fastest one timed at sizes up to
-        ``n_bytes`` if it beats native by :data:`MARGIN`, else native; by the model when nothing
-        was timed."""
-        # Beyond the largest size an algorithm was timed at, its time is an extrapolation: no
-        # evidence to leave native for (at 2 ranks, the naive algorithm timed fastest up to
-        # 8 MiB ran 0.74x native at 64 MiB).
+        """The algorithm ``auto`` runs for ``n_bytes``: native, unless another algorithm was
+        timed faster than native by :data:`MARGIN` at the timed size(s) that bracket
+        ``n_bytes`` (the size itself if it was timed, else the one below and the one above),
+        then the fastest such one there; by the model when nothing was timed."""
         measured = self.measured.get(kind, {})
-        timed = {
-            name: t
-            for name, points in measured.items()
-            if (name == "native" or n_bytes <= points[-1][0])
-            and (t := self.measured_time(name, kind, n_bytes)) is not None
-        }
-        if not timed:
+        native = dict(measured.get("native", []))
+        if not native:
             modelled = [(t, n) for n in candidates(kind) if (t := self.predict(n, kind, n_bytes))]
             return min(modelled)[1] if modelled else "native"
-        best = min(timed, key=lambda name: (timed[name], name))
-        native = timed.get("native")
-        if native is not None and timed[best] > native * (1 - MARGIN):
+        # Between two timed sizes the times are interpolated, and two curves that cross
+        # between the points can put a loser ahead there (4 ranks: binomial 2.2x native at
+        # 1 MiB ran 0.99x at 4 MiB when the choice came from interpolating 1 and 8 MiB): the
+        # evidence for leaving native must hold at both ends. Beyond the largest timed size
+        # there is no evidence at all, only an extrapolation (2 ranks: the naive algorithm,
+        # timed fastest up to 8 MiB, ran 0.74x native at 64 MiB).
+        sizes = sorted(native)
+        if n_bytes > sizes[-1]:
             return "native"
-        return best
+        above = sizes[bisect.bisect_left(sizes, n_bytes)]
+        below = sizes[max(0, bisect.bisect_right(sizes, n_bytes) - 1)]
+        winners = {}
+        for name, points in measured.items():
+            times = dict(points)
+            if name == "native" or below not in times or above not in times:
+                continue
+            if all(times[s] <= native[s] * (1 - MARGIN) for s in {below, above}):
+                winners[name] = self.measured_time(name, kind, n_bytes) or math.inf
+        if not winners:
+            return "native"
+        return min(winners, key=lambda name: (winners[name], name))
 
     def to_json(self) -> str:
         return json.dumps({"version": VERSION, **asdict(self)}, indent=2)
@@ -225,19 +240,21 @@ def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) 
 def _time_algorithms(
     transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
 ) -> dict[str, list[tuple[float, float]]]:
-    """Median over repeats of the slowest rank's time per call of every candidate algorithm,
-    at each of :data:`TIMED_SIZES` up to the first where a call takes :data:`SLOW_CALL_S`;
-    sizes outer, algorithms inner, so a slow spell of the machine hits the algorithms of one
-    size alike. Every rank sees the same (all-reduced) times, so all stop at the same size."""
+    """Median over rounds of the slowest rank's time per call of every candidate algorithm, at
+    each of :data:`TIMED_SIZES` up to the first where a call takes :data:`SLOW_CALL_S`. At each
+    size the rounds are interleaved across the algorithms (round 1 of every algorithm, then
+    round 2, ...), so a slow spell of the machine hits them alike and cannot make one look
+    faster than native. Every rank sees the same (all-reduced) times, so all stop at the same
+    size."""
     names = candidates(kind, ranks_per_node, transport.world_size)
     algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     elapsed = torch.zeros(1, dtype=torch.float64)
     for n_bytes in TIMED_SIZES:
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
-        for name, algorithm in algorithms.items():
-            samples = []
-            for i in range(8 if n_bytes < (1 << 20) else 5):
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(ROUNDS + 1):  # round 0 sets up connections and buffers, untimed
+            for name, algorithm in algorithms.items():
                 transport.barrier()
                 start = time.perf_counter()
                 if kind == "all_reduce":
@@ -246,10 +263,10 @@ def _time_algorithms(
                     algorithm.broadcast(buf, 0, comm=transport)
                 elapsed[0] = time.perf_counter() - start
                 transport.all_reduce(elapsed, "max")
-                if i:  # the first call sets up connections and buffers
-                    samples.append(float(elapsed[0]))
-            samples.sort()
-            points[name].append((float(n_bytes), samples[len(samples) // 2]))
+                if round_:
+                    samples[name].append(float(elapsed[0]))
+        for name in names:
+            points[name].append((float(n_bytes), statistics.median(samples[name])))
         if max(p[-1][1] for p in points.values()) > SLOW_CALL_S:
             break
     return points
