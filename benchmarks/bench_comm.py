@@ -326,7 +326,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     parser.add_argument("--workers", type=int, default=4, help="ranks for the allreduce part")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--link-mbit", type=float, default=1000.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per part")
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")

@@ -116,20 +116,42 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 def test_worker_argv_reproduces_the_arguments() -> None:
     parser = __import__("tether.bench.comm_worker", fromlist=["x"]).build_parser()
-    for recalibrate in (False, True):
-        args = resolve_args(
-            "reduce", "binomial,native", "4B,1KB", repeats=5, predict=False, recalibrate=recalibrate
-        )
+    for recalibrate, pin in ((False, True), (True, False)):
+        options = {"repeats": 5, "predict": False, "recalibrate": recalibrate, "pin": pin}
+        args = resolve_args("reduce", "binomial,native", "4B,1KB", **options)
         ns = parser.parse_args(comm.worker_argv(args, Path("x.json"), 30.0))
         assert comm.args_from_namespace(ns) == resolve_args(
             "reduce",
             "binomial,native",
             "4B,1KB",
-            repeats=5,
             timeout_s=30.0,
-            predict=False,
-            recalibrate=recalibrate,
+            **options,
         )
+
+
+def test_pinning_takes_one_core_for_the_calling_thread_only() -> None:
+    import os
+    import threading
+
+    from tether.launch.affinity import pin_main_thread
+
+    before = os.sched_getaffinity(0)
+    seen: dict[str, set[int]] = {}
+    try:
+
+        def other() -> None:
+            seen["other"] = os.sched_getaffinity(0)
+
+        thread = threading.Thread(target=other)
+        core = pin_main_thread(len(before) + 1)  # wraps around the usable cores
+        assert core == sorted(before)[(len(before) + 1) % len(before)]
+        assert os.sched_getaffinity(0) == {core}
+        thread.start()  # a thread started later inherits the pin (so: pin after the backend)
+        thread.join()
+        assert seen["other"] == {core}
+    finally:
+        os.sched_setaffinity(0, before)
+    assert os.sched_getaffinity(0) == before
 
 
 @pytest.mark.parametrize(

@@ -154,6 +154,7 @@ class CommBenchArgs:
     timeout_s: float = DEFAULT_TIMEOUT_S
     predict: bool = True
     recalibrate: bool = False
+    pin: bool = False
 
     @property
     def kind(self) -> str:
@@ -170,6 +171,7 @@ def resolve_args(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     predict: bool = True,
     recalibrate: bool = False,
+    pin: bool = False,
 ) -> CommBenchArgs:
     """Check the options (one-line :class:`TetherError` on a mistake) and build the args."""
     if op not in OPS:
@@ -200,7 +202,16 @@ def resolve_args(
                     f"{op}: {', '.join(valid)}"
                 )
     return CommBenchArgs(
-        op, names, parse_sizes(sizes), transport, backend, repeats, timeout_s, predict, recalibrate
+        op,
+        names,
+        parse_sizes(sizes),
+        transport,
+        backend,
+        repeats,
+        timeout_s,
+        predict,
+        recalibrate,
+        pin,
     )
 
 
@@ -259,6 +270,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="measure the calibration (predictions, auto's choices) again instead of using the "
         "cached one, e.g. after the machine or its load changed",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each rank's main thread to one core (its local rank mod the cores), as MPI "
+        "benchmarks bind ranks; the backend's threads stay free (default: unpinned)",
+    )
 
 
 def args_from_namespace(ns: argparse.Namespace) -> CommBenchArgs:
@@ -272,6 +289,7 @@ def args_from_namespace(ns: argparse.Namespace) -> CommBenchArgs:
         ns.timeout_s,
         ns.predict,
         ns.recalibrate,
+        ns.pin,
     )
 
 
@@ -296,6 +314,7 @@ def worker_argv(args: CommBenchArgs, out_file: Path, timeout_s: float) -> list[s
         str(out_file),
     ]
     argv += [] if args.predict else ["--no-predict"]
+    argv += ["--pin"] if args.pin else []
     return argv + (["--recalibrate"] if args.recalibrate else [])
 
 

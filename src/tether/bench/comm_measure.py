@@ -19,6 +19,7 @@ from tether.bench.comm import (
     format_size,
 )
 from tether.errors import TetherError
+from tether.perf.rounds import rotated
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     import torch
@@ -152,9 +153,9 @@ def measure(
         # Repeats interleaved across the algorithms (the first round is the warm-up), so that
         # a slow spell of the machine hits them alike: the ratios are measured side by side.
         mine: dict[str, list[float]] = {algo: [] for algo in calls}
-        for _ in range(repeats + 1):
-            for algo, (call, _) in calls.items():
-                mine[algo] += _timed_repeats(call, case, transport, sync, iters, 1)
+        for round_ in range(repeats + 1):
+            for algo in rotated(list(calls), round_):
+                mine[algo] += _timed_repeats(calls[algo][0], case, transport, sync, iters, 1)
         for algo, (_, correct) in calls.items():
             slowest = torch.tensor(mine[algo][1:], dtype=torch.float64, device=device)
             transport.all_reduce(slowest, "max")  # a collective ends when its last rank does
@@ -199,10 +200,15 @@ def _timed_repeats(
     iters: int,
     repeats: int,
 ) -> list[float]:
-    """This rank's seconds per call in each repeat (the first repeat is the warm-up). The buffer
-    is reset outside the timed region so that repeated in-place sums cannot overflow."""
+    """This rank's seconds per call in each repeat (the first repeat is the warm-up), each repeat
+    after one untimed call. The buffer is reset outside the timed region so that repeated
+    in-place sums cannot overflow."""
     times = []
     for _ in range(repeats):
+        # One untimed call first: the first call after another algorithm carries that one's
+        # aftermath (2 ranks here: gloo's all-reduce right after our recursive doubling ran
+        # 25-35% slower than right after itself), which is not this algorithm's cost.
+        call()
         case.reset()
         sync()
         transport.barrier()

@@ -38,6 +38,7 @@ from tether.bench.comm_launch import hang_file
 from tether.bench.comm_measure import measure
 from tether.bench.comm_report import finish_report, format_table, plot_report
 from tether.errors import TetherError
+from tether.launch.affinity import pin_main_thread
 
 Predict = Callable[[str, str, float], float | None]
 
@@ -90,6 +91,7 @@ class Placement:
         self.sync: Callable[[], None] = lambda: None
         self.all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.transport: Any
+        self.local_rank = 0  # this rank's index among the ranks of its node
         if args.transport == "mpi":
             self._init_mpi()
         else:
@@ -109,6 +111,7 @@ class Placement:
                 "mpiexec with --transport mpi"
             )
         self.backend, self.device = place(args.backend, env)
+        self.local_rank = env.local_rank
         if self.backend == "nccl":
             self.sync = torch.cuda.synchronize
         init_process_group(self.backend, env, args.timeout_s + BACKSTOP_S)
@@ -127,6 +130,9 @@ class Placement:
             raise TetherError(f"--transport mpi is not available here: {exc}") from None
         self.backend = "mpi"
         self.transport = transport = MPITransport()
+        from mpi4py import MPI
+
+        self.local_rank = transport.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 
         def all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
             transport.comm.Allgather(inp.numpy(), out.numpy())  # MPI's own, on host buffers
@@ -177,6 +183,8 @@ def run(argv: list[str] | None = None) -> None:
     try:
         torch.set_num_threads(1)  # N ranks on a few cores must not oversubscribe them
         placement = Placement(args)
+        if args.pin:  # after the transport is up, so its own threads stay unpinned
+            pin_main_thread(placement.local_rank)
         deadline.name_rank(hang_file(ns.out, placement.transport.rank))
         _run_rank(placement, args, ns)
     finally:
@@ -212,6 +220,7 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
         "op": args.op,
         "workers": transport.world_size,
         "transport": args.transport,
+        "pinned": args.pin,
         "backend": placement.backend,
         "device": str(placement.device),
         "host": socket.gethostname(),

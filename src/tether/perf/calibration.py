@@ -14,8 +14,10 @@ ranks than cores, every round waits for the next rank to be scheduled, so a 6-ro
 more than 6 ping-pongs. And the backend's own collectives are opaque (gloo and NCCL switch
 algorithms by size). So the calibration also TIMES every candidate algorithm, native included,
 at a few sizes on the running group (interpolated log-log between them), and ``auto`` chooses by
-those times: by the model where they are missing, and ``native`` unless another algorithm is
-measured faster by a margin, so noise does not make ``auto`` slower than the backend.
+those times: by the model where they are missing, and ``native`` unless another algorithm beat
+it clearly (by a margin in the median and in nearly every round, each round timing every
+algorithm under the same conditions) at the timed sizes on both sides of the message, so noise
+and interpolation do not make ``auto`` slower than the backend.
 
 Every rank must call :func:`calibrate` / :func:`load_or_calibrate` together (they are
 collective). Rank 0 measures or reads the cache and broadcasts the numbers, so every rank holds
@@ -35,6 +37,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +47,7 @@ import torch
 
 from tether.comm.collectives.schedule import NodeLinks, cost
 from tether.comm.transport import Transport
+from tether.perf.rounds import rotated
 
 if TYPE_CHECKING:
     from tether.comm.collectives.base import Collective
@@ -54,15 +58,20 @@ CALIBRATION_TAG = 7900
 # algorithms at small sizes (gloo's all-reduce of fewer elements than ranks is 5x faster than
 # of a few more: 4 B and 16 B on 4 ranks).
 TIMED_SIZES = tuple(4**k for k in range(1, 13))  # 4 B .. 16 MiB
-ROUNDS = 7  # timed rounds per algorithm and size
-# auto leaves native only for an algorithm measured this much faster (noise is not a reason)
+ROUNDS = 9  # timed rounds per algorithm and size
+# auto leaves native only for an algorithm measured this much faster (noise is not a reason)...
 MARGIN = 0.2
+# ...in its median AND in at least this many of the ROUNDS interleaved rounds, each compared with
+# native's time in the same round (a sign test: by chance alone, 8 or more of 9 has odds of 2%).
+# On 2 ranks here the same code timed twice differed by up to 2x in the median, so a median
+# alone let noise pick algorithms that then ran 0.5x-0.8x native.
+MIN_ROUND_WINS = 8
 # Larger sizes are not timed once one call takes this long (a slow network): the times beyond
 # are extrapolated in proportion to the size, and the calibration stays a few seconds.
 SLOW_CALL_S = 0.05
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = ("all_reduce", "broadcast")
-VERSION = 3
+VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,9 @@ class Calibration:
     inter_beta: float
     # kind -> algorithm -> [(bytes, seconds)], ascending in bytes: measured times per call
     measured: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    # kind -> algorithm -> the timed sizes (bytes) at which it beat native clearly (MARGIN in the
+    # median and MIN_ROUND_WINS of the rounds): the only evidence auto leaves native for
+    clear_wins: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     backend: str = ""
     host: str = ""
     measured_at: str = ""
@@ -126,12 +138,11 @@ class Calibration:
         return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)
 
     def choose(self, kind: str, n_bytes: float) -> str:
-        """The algorithm ``auto`` runs for ``n_bytes``: native, unless another algorithm was
-        timed faster than native by :data:`MARGIN` at the timed size(s) that bracket
-        ``n_bytes`` (the size itself if it was timed, else the one below and the one above),
-        then the fastest such one there; by the model when nothing was timed."""
-        measured = self.measured.get(kind, {})
-        native = dict(measured.get("native", []))
+        """The algorithm ``auto`` runs for ``n_bytes``: native, unless another algorithm beat
+        native clearly (:attr:`clear_wins`) at the timed size(s) that bracket ``n_bytes`` (the
+        size itself if it was timed, else the one below and the one above), then the fastest
+        such one there; by the model when nothing was timed."""
+        native = dict(self.measured.get(kind, {}).get("native", []))
         if not native:
             modelled = [(t, n) for n in candidates(kind) if (t := self.predict(n, kind, n_bytes))]
             return min(modelled)[1] if modelled else "native"
@@ -144,15 +155,15 @@ class Calibration:
         sizes = sorted(native)
         if n_bytes > sizes[-1]:
             return "native"
-        above = sizes[bisect.bisect_left(sizes, n_bytes)]
-        below = sizes[max(0, bisect.bisect_right(sizes, n_bytes) - 1)]
-        winners = {}
-        for name, points in measured.items():
-            times = dict(points)
-            if name == "native" or below not in times or above not in times:
-                continue
-            if all(times[s] <= native[s] * (1 - MARGIN) for s in {below, above}):
-                winners[name] = self.measured_time(name, kind, n_bytes) or math.inf
+        ends = {
+            sizes[bisect.bisect_left(sizes, n_bytes)],
+            sizes[max(0, bisect.bisect_right(sizes, n_bytes) - 1)],
+        }
+        winners = {
+            name: self.measured_time(name, kind, n_bytes) or math.inf
+            for name, won_at in self.clear_wins.get(kind, {}).items()
+            if ends <= set(won_at)
+        }
         if not winners:
             return "native"
         return min(winners, key=lambda name: (winners[name], name))
@@ -239,37 +250,60 @@ def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) 
 
 def _time_algorithms(
     transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
-) -> dict[str, list[tuple[float, float]]]:
-    """Median over rounds of the slowest rank's time per call of every candidate algorithm, at
-    each of :data:`TIMED_SIZES` up to the first where a call takes :data:`SLOW_CALL_S`. At each
-    size the rounds are interleaved across the algorithms (round 1 of every algorithm, then
-    round 2, ...), so a slow spell of the machine hits them alike and cannot make one look
-    faster than native. Every rank sees the same (all-reduced) times, so all stop at the same
-    size."""
+) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[float]]]:
+    """Every candidate algorithm's time per call (the median over :data:`ROUNDS` rounds of the
+    slowest rank's time) at each of :data:`TIMED_SIZES` up to the first where a call takes
+    :data:`SLOW_CALL_S`, and the sizes where each beat native clearly (see :data:`MARGIN`).
+
+    At each size the rounds are interleaved across the algorithms (round 1 of every algorithm,
+    then round 2, ...; each round in a rotated order), so a slow spell of the machine hits them
+    alike, and each round pairs every algorithm with native under the same conditions. Every rank sees the same
+    (all-reduced) times, so all stop at the same size."""
     names = candidates(kind, ranks_per_node, transport.world_size)
     algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    clear_wins: dict[str, list[float]] = {name: [] for name in names if name != "native"}
     elapsed = torch.zeros(1, dtype=torch.float64)
     for n_bytes in TIMED_SIZES:
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
         samples: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(ROUNDS + 1):  # round 0 sets up connections and buffers, untimed
-            for name, algorithm in algorithms.items():
+            for name in rotated(names, round_):
+                algorithm = algorithms[name]
+                call = _call(algorithm, kind, buf, transport)
+                call()  # untimed: absorbs the previous algorithm's aftermath (comm_measure)
                 transport.barrier()
                 start = time.perf_counter()
-                if kind == "all_reduce":
-                    algorithm.all_reduce(buf, comm=transport)
-                else:
-                    algorithm.broadcast(buf, 0, comm=transport)
+                call()
                 elapsed[0] = time.perf_counter() - start
                 transport.all_reduce(elapsed, "max")
                 if round_:
                     samples[name].append(float(elapsed[0]))
         for name in names:
             points[name].append((float(n_bytes), statistics.median(samples[name])))
+        if "native" in samples:
+            for name in clear_wins:
+                if beats_clearly(samples[name], samples["native"]):
+                    clear_wins[name].append(float(n_bytes))
         if max(p[-1][1] for p in points.values()) > SLOW_CALL_S:
             break
-    return points
+    return points, clear_wins
+
+
+def _call(
+    algorithm: Collective, kind: str, buf: torch.Tensor, transport: Transport
+) -> Callable[[], None]:
+    if kind == "all_reduce":
+        return lambda: algorithm.all_reduce(buf, comm=transport)
+    return lambda: algorithm.broadcast(buf, 0, comm=transport)
+
+
+def beats_clearly(times: list[float], native: list[float]) -> bool:
+    """Whether an algorithm's per-round times beat native's of the same rounds clearly: the
+    median faster by :data:`MARGIN`, and faster in :data:`MIN_ROUND_WINS` of the rounds."""
+    wins = sum(t < n for t, n in zip(times, native, strict=True))
+    needed = min(MIN_ROUND_WINS, len(times))
+    return statistics.median(times) <= statistics.median(native) * (1 - MARGIN) and wins >= needed
 
 
 def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> Calibration:
@@ -285,9 +319,12 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         values = torch.tensor([alpha, beta, _gamma(), inter_alpha, inter_beta], dtype=torch.float64)
         transport.broadcast(values, 0)
     a, b, g, ia, ib = (float(v) for v in values)
-    measured = {}
+    measured, clear_wins = {}, {}
     if world >= 2:
-        measured = {kind: _time_algorithms(transport, kind, a, b, ranks_per_node) for kind in KINDS}
+        for kind in KINDS:
+            measured[kind], clear_wins[kind] = _time_algorithms(
+                transport, kind, a, b, ranks_per_node
+            )
     return Calibration(
         world_size=world,
         ranks_per_node=ranks_per_node,
@@ -297,6 +334,7 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         inter_alpha=ia,
         inter_beta=ib,
         measured=measured,
+        clear_wins=clear_wins,
         backend=backend,
         host=socket.gethostname(),
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
