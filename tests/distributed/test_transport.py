@@ -24,6 +24,9 @@ def _protocol(rank: int, world: int) -> dict:
             )
             assert msg.header.step == 10 * msg.header.sender
         out["senders"] = sorted(senders)
+        # Rank 2 forges headers on the header tag only after this: any earlier, an any-source
+        # receive above could take a forged header before rank 1's gradient (seen once in a full run).
+        transport.send_message(torch.empty(0), 2, MessageKind.STOP)
         transport.send_message(torch.arange(5.0), dst=1, kind=MessageKind.PARAMS, step=1)
         errors = []
         for _ in range(2):  # two forged headers from rank 2, refused before any payload read
@@ -42,6 +45,7 @@ def _protocol(rank: int, world: int) -> dict:
             out["params"] = msg.payload.clone()
             transport.send_message(torch.empty(0), 0, MessageKind.STOP)
         else:
+            transport.recv_message(torch.zeros(1), src=0, kinds=frozenset({MessageKind.STOP}))
             too_long = MessageHeader(MessageKind.PARAMS, 2, 0, 10**9, torch.float32).encode()
             dist.send(too_long, dst=0, tag=HEADER_TAG)
             wrong_type = MessageHeader(MessageKind.PARAMS, 2, 0, 4, torch.float64).encode()

@@ -53,25 +53,28 @@ if TYPE_CHECKING:
     from tether.comm.collectives.base import Collective
 
 CALIBRATION_TAG = 7900
-# Bytes at which the algorithms are timed: every power of 4, because auto leaves native only
-# where it has evidence at the timed sizes either side of a message, and backends switch
-# algorithms at small sizes (gloo's all-reduce of fewer elements than ranks is 5x faster than
-# of a few more: 4 B and 16 B on 4 ranks).
-TIMED_SIZES = tuple(4**k for k in range(1, 13))  # 4 B .. 16 MiB
-ROUNDS = 9  # timed rounds per algorithm and size
+# Bytes at which the algorithms are timed: every power of 8 from 4 B (auto leaves native only
+# where it has evidence at the timed sizes either side of a message, so they are close), with
+# 4 B and 32 B either side of where gloo's all-reduce switches algorithm (fewer elements than
+# ranks: 4 B on 4 ranks ran 5x faster than 16 B).
+TIMED_SIZES = tuple(4 * 8**k for k in range(8))  # 4 B .. 8 MiB
+LARGE_BYTES = 1 << 20  # from here on fewer rounds, and no untimed call before each
+ROUNDS = 9  # timed rounds per algorithm below LARGE_BYTES...
+LARGE_ROUNDS = 5  # ...and from LARGE_BYTES (a call there takes milliseconds, noise is relative)
 # auto leaves native only for an algorithm measured this much faster (noise is not a reason)...
 MARGIN = 0.2
-# ...in its median AND in at least this many of the ROUNDS interleaved rounds, each compared with
-# native's time in the same round (a sign test: by chance alone, 8 or more of 9 has odds of 2%).
+# ...in its median AND in nearly all of the interleaved rounds, each compared with native's time
+# in the same round: ROUND_WINS[rounds] of them (a sign test: by chance alone, 8 or more of 9
+# has odds of 2%, 5 of 5 of 3%).
 # On 2 ranks here the same code timed twice differed by up to 2x in the median, so a median
 # alone let noise pick algorithms that then ran 0.5x-0.8x native.
-MIN_ROUND_WINS = 8
+ROUND_WINS = {ROUNDS: 8, LARGE_ROUNDS: LARGE_ROUNDS}
 # Larger sizes are not timed once one call takes this long (a slow network): the times beyond
 # are extrapolated in proportion to the size, and the calibration stays a few seconds.
 SLOW_CALL_S = 0.05
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = ("all_reduce", "broadcast")
-VERSION = 4
+VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class Calibration:
     # kind -> algorithm -> [(bytes, seconds)], ascending in bytes: measured times per call
     measured: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
     # kind -> algorithm -> the timed sizes (bytes) at which it beat native clearly (MARGIN in the
-    # median and MIN_ROUND_WINS of the rounds): the only evidence auto leaves native for
+    # median and ROUND_WINS of the rounds): the only evidence auto leaves native for
     clear_wins: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     backend: str = ""
     host: str = ""
@@ -251,34 +254,38 @@ def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) 
 def _time_algorithms(
     transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
 ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[float]]]:
-    """Every candidate algorithm's time per call (the median over :data:`ROUNDS` rounds of the
-    slowest rank's time) at each of :data:`TIMED_SIZES` up to the first where a call takes
-    :data:`SLOW_CALL_S`, and the sizes where each beat native clearly (see :data:`MARGIN`).
+    """Every candidate algorithm's time per call (the median over :data:`ROUNDS` rounds, or
+    :data:`LARGE_ROUNDS`, of the slowest rank's time) at each of :data:`TIMED_SIZES` up to the
+    first where a call takes :data:`SLOW_CALL_S`, and the sizes where each beat native clearly
+    (:func:`beats_clearly`).
 
     At each size the rounds are interleaved across the algorithms (round 1 of every algorithm,
     then round 2, ...; each round in a rotated order), so a slow spell of the machine hits them
-    alike, and each round pairs every algorithm with native under the same conditions. Every rank sees the same
+    alike and each round pairs every algorithm with native under the same conditions. Below
+    :data:`LARGE_BYTES` each timed call follows an untimed one, which absorbs what the previous
+    algorithm left behind (see :mod:`tether.bench.comm_measure`). Every rank sees the same
     (all-reduced) times, so all stop at the same size."""
     names = candidates(kind, ranks_per_node, transport.world_size)
     algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     clear_wins: dict[str, list[float]] = {name: [] for name in names if name != "native"}
-    elapsed = torch.zeros(1, dtype=torch.float64)
     for n_bytes in TIMED_SIZES:
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        for round_ in range(ROUNDS + 1):  # round 0 sets up connections and buffers, untimed
+        rounds = ROUNDS if n_bytes < LARGE_BYTES else LARGE_ROUNDS
+        mine: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(rounds + 1):  # round 0 sets up connections and buffers, untimed
             for name in rotated(names, round_):
-                algorithm = algorithms[name]
-                call = _call(algorithm, kind, buf, transport)
-                call()  # untimed: absorbs the previous algorithm's aftermath (comm_measure)
+                call = _call(algorithms[name], kind, buf, transport)
+                if n_bytes < LARGE_BYTES:
+                    call()
                 transport.barrier()
                 start = time.perf_counter()
                 call()
-                elapsed[0] = time.perf_counter() - start
-                transport.all_reduce(elapsed, "max")
-                if round_:
-                    samples[name].append(float(elapsed[0]))
+                mine[name].append(time.perf_counter() - start)
+        # one all-reduce per size, not per call: a collective ends when its last rank does
+        slowest = torch.tensor([mine[name][1:] for name in names], dtype=torch.float64)
+        transport.all_reduce(slowest, "max")
+        samples = {name: [float(t) for t in row] for name, row in zip(names, slowest, strict=True)}
         for name in names:
             points[name].append((float(n_bytes), statistics.median(samples[name])))
         if "native" in samples:
@@ -300,9 +307,9 @@ def _call(
 
 def beats_clearly(times: list[float], native: list[float]) -> bool:
     """Whether an algorithm's per-round times beat native's of the same rounds clearly: the
-    median faster by :data:`MARGIN`, and faster in :data:`MIN_ROUND_WINS` of the rounds."""
+    median faster by :data:`MARGIN`, and faster in :data:`ROUND_WINS` of the rounds."""
     wins = sum(t < n for t, n in zip(times, native, strict=True))
-    needed = min(MIN_ROUND_WINS, len(times))
+    needed = ROUND_WINS.get(len(times), len(times))
     return statistics.median(times) <= statistics.median(native) * (1 - MARGIN) and wins >= needed
 
 
