@@ -78,3 +78,37 @@ def test_asking_for_mpi_without_mpi4py_is_a_one_line_error(
     monkeypatch.setattr(mpi_launch, "mpiexec_path", lambda: None)
     with pytest.raises(TetherError, match="no mpiexec found"):
         run_mpi(2, ["true"], timeout_s=5)
+
+
+# Run by every rank: the TCP sockets in LISTEN state (0A in /proc/net/tcp*) among the open files
+# of this rank and of its launcher (hydra's ranks inherit its control socket).
+_LISTENERS = r"""
+import os, sys
+inodes = set()
+for pid in (os.getpid(), os.getppid()):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+found = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:
+            found.append(fields[1])
+os.write(1, f"LISTENING {sorted(found)}\n".encode())  # one write: no interleaving
+"""
+
+
+@needs_mpi
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads sockets from /proc")
+def test_a_local_job_opens_no_listening_port() -> None:
+    """Bind to nothing beyond loopback: a local MPICH job runs under mpiexec.gforker, which talks
+    to its ranks over socket pairs (hydra's control port listens on 0.0.0.0)."""
+    result = run_mpi(2, [sys.executable, "-c", _LISTENERS], timeout_s=60)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("LISTENING")]
+    assert result.returncode == 0 and len(lines) == 2, result.stdout + result.stderr
+    assert lines == ["LISTENING []"] * 2

@@ -10,13 +10,15 @@ Two things make a local ``mpiexec`` unsafe to call from a test as it comes:
   timeout :func:`run_mpi` asks ``mpiexec`` to stop, then kills every process descended from it,
   found through ``/proc`` before anything is killed (an orphan is re-parented and lost to a
   later walk).
-* MPI libraries listen on the machine's external address by default. Here hydra uses the fork
-  launcher (no ssh), ``-iface lo`` and ``-bind-to none`` (ranks share the few cores; pinning
-  several ranks to one core serialises them), and the network layers MPICH may load (UCX,
-  libfabric) are told to use loopback. Hydra's own control port still listens on all addresses
-  for the life of the job; nothing in hydra 5 moves it. Hydra runs as root as it is; Open MPI's
-  ``mpiexec`` gets the equivalent flags and, as root, ``--allow-run-as-root``, without which it
-  refuses to start.
+* MPI libraries listen on the machine's external address by default. MPICH's hydra keeps a
+  control port open on all addresses for the life of the job (``-iface lo`` and ``-localhost``
+  do not move it), so where MPICH ships its single-machine launcher ``mpiexec.gforker`` (the
+  ``mpich`` wheel does), that runs the job instead: it forks the ranks and speaks to them over
+  socket pairs, with no listening port at all. Otherwise hydra uses the fork launcher (no ssh),
+  ``-iface lo`` and ``-bind-to none`` (ranks share the few cores; pinning several ranks to one
+  core serialises them). The network layers MPICH may load (UCX, libfabric) are told to use
+  loopback. Open MPI's ``mpiexec`` gets the equivalent flags and, as root,
+  ``--allow-run-as-root``, without which it refuses to start.
 
 Every rank gets ``OMP_NUM_THREADS=1`` unless the caller's environment says otherwise: N ranks
 on a few cores with a full OpenMP team each would thrash.
@@ -82,7 +84,11 @@ def mpi_command(nprocs: int, argv: Sequence[str], mpiexec: str | None = None) ->
     if mpiexec is None:
         raise TetherError("no mpiexec found: pip install 'tether[mpi]' (mpi4py and mpich)")
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-    return [mpiexec, *launcher_flags(mpiexec, as_root), "-n", str(nprocs), *argv]
+    flags = launcher_flags(mpiexec, as_root)
+    gforker = Path(mpiexec).with_name("mpiexec.gforker")
+    if flags and flags[0] == "-launcher" and gforker.is_file() and os.access(gforker, os.X_OK):
+        return [str(gforker), "-n", str(nprocs), *argv]  # MPICH on one machine: no open port
+    return [mpiexec, *flags, "-n", str(nprocs), *argv]
 
 
 JOB_MARKER = "TETHER_MPI_JOB"
