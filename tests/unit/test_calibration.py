@@ -11,16 +11,15 @@ from tether.comm.collectives import cost
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.ring import ring_all_reduce
-from tether.perf.calibration import (
+from tether.perf.calibration import VERSION, Calibration
+from tether.perf.rounds import rotated
+from tether.perf.timed_algorithms import (
     LARGE_ROUNDS,
     MARGIN,
     ROUND_WINS,
     ROUNDS,
-    VERSION,
-    Calibration,
     beats_clearly,
 )
-from tether.perf.rounds import rotated
 
 
 def _calibration(

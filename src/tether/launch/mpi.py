@@ -60,8 +60,8 @@ def mpiexec_path() -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def launcher_flags(mpiexec: str, as_root: bool) -> tuple[str, ...]:
-    """Options for a local job, by launcher: MPICH's hydra, Open MPI's, or none (unknown)."""
+def launcher_kind(mpiexec: str) -> str:
+    """Which ``mpiexec`` this is, from its ``--version``: "hydra" (MPICH), "openmpi" or ""."""
     try:
         version = subprocess.run(
             [mpiexec, "--version"], capture_output=True, text=True, timeout=10, check=False
@@ -69,26 +69,36 @@ def launcher_flags(mpiexec: str, as_root: bool) -> tuple[str, ...]:
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     if "HYDRA" in version:
+        return "hydra"
+    if "Open MPI" in version or "OpenRTE" in version:
+        return "openmpi"
+    return ""
+
+
+def launcher_flags(mpiexec: str, as_root: bool) -> tuple[str, ...]:
+    """Options for a local job, by launcher: MPICH's hydra, Open MPI's, or none (unknown)."""
+    kind = launcher_kind(mpiexec)
+    if kind == "hydra":
         return ("-launcher", "fork", "-iface", "lo", "-bind-to", "none")
-    if "Open MPI" in version or "OpenRTE" in version:  # Open MPI refuses root unless told
+    if kind == "openmpi":  # Open MPI refuses root unless told
         flags = ("--oversubscribe", "--bind-to", "none", "--mca", "btl_tcp_if_include", "lo")
         return (*flags, "--allow-run-as-root") if as_root else flags
     return ()
 
 
 def mpi_command(nprocs: int, argv: Sequence[str], mpiexec: str | None = None) -> list[str]:
-    """``mpiexec -n N <argv>`` with the local-job flags; TetherError if there is no mpiexec."""
+    """``mpiexec -n N <argv>`` with the local-job flags (MPICH's ``mpiexec.gforker`` where there
+    is one: no listening port); TetherError if there is no mpiexec."""
     if nprocs < 1:
         raise TetherError(f"an MPI job needs at least one process, got {nprocs}")
     mpiexec = mpiexec or mpiexec_path()
     if mpiexec is None:
         raise TetherError("no mpiexec found: pip install 'tether[mpi]' (mpi4py and mpich)")
-    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-    flags = launcher_flags(mpiexec, as_root)
     gforker = Path(mpiexec).with_name("mpiexec.gforker")
-    if flags and flags[0] == "-launcher" and gforker.is_file() and os.access(gforker, os.X_OK):
-        return [str(gforker), "-n", str(nprocs), *argv]  # MPICH on one machine: no open port
-    return [mpiexec, *flags, "-n", str(nprocs), *argv]
+    if launcher_kind(mpiexec) == "hydra" and gforker.is_file() and os.access(gforker, os.X_OK):
+        return [str(gforker), "-n", str(nprocs), *argv]
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return [mpiexec, *launcher_flags(mpiexec, as_root), "-n", str(nprocs), *argv]
 
 
 JOB_MARKER = "TETHER_MPI_JOB"
