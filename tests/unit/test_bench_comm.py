@@ -79,8 +79,10 @@ def test_busbw_factors_are_nccl_tests() -> None:
 def test_fewer_repeats_for_large_messages_but_never_below_three() -> None:
     assert iters_for(4) == comm.MAX_ITERS and iters_for(64 * MB) == 1
     assert repeats_for(4, 20) == 20
-    assert repeats_for(4 * MB, 20) == 16
-    assert repeats_for(64 * MB, 20) == 3
+    assert repeats_for(4 * MB, 20) == 20
+    assert repeats_for(16 * MB, 40) == 32  # 512 MiB of calls per size
+    assert repeats_for(64 * MB, 20) == 8
+    assert repeats_for(256 * MB, 20) == 3
     assert repeats_for(1 << 30, 20) == 3
     assert repeats_for(64 * MB, 2) == 2  # an explicit smaller --repeats wins
 

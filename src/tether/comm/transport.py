@@ -111,13 +111,9 @@ class TorchTransport(MessageProtocol):
         tag: int,
     ) -> None:
         """Post ``sends`` (tensor, destination) and ``recvs`` (buffer, source) together, then
-        wait for all. ``batch_isend_irecv`` is one isend/irecv per entry on gloo and a grouped
-        launch on NCCL. Every handle is waited on while ``ops`` still holds the buffers."""
-        ops = [dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=p) for t, p in sends]
-        ops += [
-            dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=p) for t, p in recvs
-        ]
-        for work in dist.batch_isend_irecv(ops):
+        wait for all. Every handle is waited on while the lists still hold the buffers."""
+        received, sent = self.start_exchange(sends, recvs, tag)
+        for work in received + sent:
             work.wait()
 
     def start_exchange(
@@ -129,7 +125,21 @@ class TorchTransport(MessageProtocol):
         """Post like :meth:`exchange` but return (one handle per receive, in order; the sends'
         handles) so the caller can use each received piece as soon as it lands. Several
         messages between two ranks on one tag are matched in posting order. The caller keeps
-        every tensor alive until its handle is waited on."""
+        every tensor alive until its handle is waited on.
+
+        CPU tensors (gloo) are posted straight on the process group, receives first: gloo's
+        isend/irecv never block, so no grouping is needed, and ``dist.isend``'s checks and
+        ``batch_isend_irecv``'s bookkeeping cost ~0.1 ms per round in Python, a third of a
+        4-byte exchange on a 2-core machine. NCCL needs its point-to-point calls grouped (two
+        ranks sending to each other first would otherwise wait on each other), so device
+        tensors go through ``batch_isend_irecv``."""
+        first = sends[0][0] if sends else recvs[0][0] if recvs else None
+        if first is None:
+            return [], []
+        if first.device.type == "cpu":
+            pg = self._group()
+            sent = [pg.send([_wire(t)], p, tag) for t, p in sends]
+            return [pg.recv([_wire(t)], p, tag) for t, p in recvs], sent
         ops = [dist.P2POp(dist.irecv, t, group=self.group, tag=tag, group_peer=p) for t, p in recvs]
         ops += [
             dist.P2POp(dist.isend, t, group=self.group, tag=tag, group_peer=p) for t, p in sends
@@ -166,3 +176,9 @@ class TorchTransport(MessageProtocol):
         assert work is not None, "this rank is a member of the group"
         work.wait(timeout)
         return src if src is not None else work._source_rank()  # a rank within the group
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """What a process group can carry: complex tensors travel as their real pairs (as
+    ``dist.isend`` does)."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor

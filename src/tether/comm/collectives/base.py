@@ -1,11 +1,12 @@
 """Run a :class:`Schedule` over a transport's point-to-point calls, and the uniform interface.
 
 Every algorithm of this package is a :class:`Collective`: it builds schedules, and this module
-runs them with the transport's point-to-point ``exchange`` of tensor chunks (one round's sends
-and receives posted together, then all waited on, so two ranks exchanging in one round cannot
-deadlock; on torch this is ``dist.batch_isend_irecv``, on MPI ``Isend``/``Irecv``). Sizes come
-from the schedule, known to both sides, so no header travels; a reduced chunk is received into a
-buffer of exactly its size.
+runs them with the transport's nonblocking point-to-point calls on tensor chunks (one round's
+sends and receives posted together, then waited on, so two ranks exchanging in one round cannot
+deadlock; on gloo the process group's own send/recv, on NCCL ``dist.batch_isend_irecv``, on MPI
+``Isend``/``Irecv``). Each rank's part of a schedule is compiled once into element ranges
+(:mod:`tether.comm.collectives.plan`). Sizes come from the schedule, known to both sides, so no
+header travels; a reduced chunk is received into a buffer of exactly its size.
 
 Collectives use tags ``COLLECTIVE_TAG + round % TAG_SPAN``, apart from the parameter-server
 protocol's 7001/7002 (+10 per channel), so the two never match each other's messages; distinct
@@ -23,7 +24,8 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from tether.comm.collectives.schedule import Schedule, chunk_bounds
+from tether.comm.collectives.plan import RoundPlan, compile_plan
+from tether.comm.collectives.schedule import Schedule
 from tether.comm.transport import TorchTransport, Transport
 from tether.errors import TetherError
 
@@ -66,14 +68,15 @@ def combine(target: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
 _scratch = threading.local()
 
 
-def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
     """A receive buffer of ``numel`` elements of ``like``'s dtype and device, reused across
     rounds and calls (per thread): a fresh multi-MiB ``empty`` every round costs page faults
-    comparable to the copy itself. Valid until the next call on this thread."""
-    buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = _scratch.__dict__.setdefault(
-        "buffers", {}
+    comparable to the copy itself. Two slots, so that a round's receives can be posted while the
+    previous round's still land. Valid until the next call on this thread with this slot."""
+    buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = (
+        _scratch.__dict__.setdefault("buffers", {})
     )
-    key = (like.dtype, like.device)
+    key = (like.dtype, like.device, slot)
     buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=like.dtype, device=like.device)
@@ -81,85 +84,72 @@ def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
+RoundTensors = tuple[
+    list[tuple[torch.Tensor, int]],  # sends: (tensor, destination)
+    list[tuple[torch.Tensor, int]],  # receives: (buffer, source), the reduced pieces first
+    list[tuple[torch.Tensor, torch.Tensor]],  # reductions: (own range, its scratch piece)
+]
+
+
+def _round_tensors(rp: RoundPlan, flat: torch.Tensor, slot: int) -> RoundTensors:
+    sends = [(flat[t.start : t.stop], t.peer) for t in rp.sends]
+    buf = scratch(rp.scratch_numel, flat, slot) if rp.reductions else flat[:0]
+    reductions = [
+        (flat[red.start : red.stop], buf[red.offset : red.offset + red.stop - red.start])
+        for red in rp.reductions
+    ]
+    # reduced pieces first, so that receive handle k is reduction k's
+    recvs = [(piece, red.peer) for (_, piece), red in zip(reductions, rp.reductions, strict=True)]
+    recvs += [(flat[t.start : t.stop], t.peer) for t in rp.copies]
+    return sends, recvs, reductions
+
+
+def _tag(rp: RoundPlan) -> int:
+    return COLLECTIVE_TAG + rp.round % TAG_SPAN
+
+
 def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) -> None:
-    """Execute this rank's part of ``schedule`` on the contiguous 1-D tensor ``flat``."""
+    """Execute this rank's part of ``schedule`` on the contiguous 1-D tensor ``flat``.
+
+    On CPU, a round's receives are posted before the previous round is waited on, wherever they
+    land on nothing that round still uses (:attr:`RoundPlan.early`): gloo holds a message until
+    its receive is posted (the receiver announces it, then the data flows), so a receive posted
+    late costs a wake-up of the receiving rank per round, dear when ranks outnumber cores. Not on
+    NCCL, which runs a receive posted before a send to the same peer ahead of it on one stream."""
     transport = as_transport(comm)
     assert flat.dim() == 1 and flat.is_contiguous(), "collectives run on flat contiguous tensors"
-    rank = transport.rank
     assert schedule.world_size == transport.world_size, "schedule built for another group"
-    bounds = chunk_bounds(flat.numel(), schedule.chunks)
-    for r, steps in enumerate(schedule.by_round):
-        sends: list[tuple[torch.Tensor, int]] = []
-        recvs: list[tuple[torch.Tensor, int]] = []
-        reduced: list[tuple[torch.Tensor, int]] = []  # (own chunk, source) to reduce into
-        for s in steps:
-            if rank not in (s.src, s.dst):
-                continue
-            view = flat[bounds[s.indices[0]][0] : bounds[s.indices[-1]][1]]
-            if view.numel() == 0:  # both sides see the same empty chunk: nothing to move
-                continue
-            if s.src == rank:
-                # a large reduced chunk travels in pieces (both sides split it alike)
-                pieces = _pieces(view) if s.op == "reduce" else [view]
-                sends += [(piece, s.dst) for piece in pieces]
-            elif s.op == "copy":
-                recvs.append((view, s.src))
-            else:
-                reduced.append((view, s.src))
-        # A rank receives at most one message per round (Schedule.validate), but carve the
-        # scratch buffer per reduction anyway so the runner does not depend on it.
-        buf = scratch(sum(v.numel() for v, _ in reduced), flat) if reduced else flat[:0]
-        reductions: list[tuple[torch.Tensor, torch.Tensor]] = []
-        pieces_in: list[tuple[torch.Tensor, int]] = []  # first, so handle k is reduction k's
-        offset = 0
-        for view, src in reduced:
-            incoming = buf[offset : offset + view.numel()]
-            offset += view.numel()
-            for own, piece in zip(_pieces(view), _pieces(incoming), strict=True):
-                reductions.append((own, piece))
-                pieces_in.append((piece, src))
-        recvs = pieces_in + recvs
-        if not sends and not recvs:
-            continue
-        tag = COLLECTIVE_TAG + r % TAG_SPAN
-        if len(reductions) < 2 or _sends_overlap(sends, reductions):
+    plan = compile_plan(schedule, transport.rank, flat.numel(), flat.element_size(), PIECE_BYTES)
+    post_early = flat.device.type == "cpu"
+    posted: list | None = None  # this round's receive handles, when posted during the last one
+    tensors = _round_tensors(plan[0], flat, 0) if plan else None
+    for index, rp in enumerate(plan):
+        assert tensors is not None
+        sends, recvs, reductions = tensors
+        if posted is None:
+            received, sent = transport.start_exchange(sends, recvs, _tag(rp))
+        else:
+            received, sent = posted, transport.start_exchange(sends, [], _tag(rp))[1]
+        posted = None
+        if index + 1 < len(plan):
+            following = plan[index + 1]
+            tensors = _round_tensors(following, flat, (index + 1) % 2)
+            if post_early and following.early:
+                posted = transport.start_exchange([], tensors[1], _tag(following))[0]
+        if not rp.pipelined:
             # Sends read the start-of-round value: a chunk this rank also sends this round
             # (recursive doubling) is reduced into only after every transfer has completed.
-            transport.exchange(sends, recvs, tag)
+            for handle in received + sent:
+                handle.wait()
             for own, piece in reductions:
                 combine(own, piece, op)
             continue
         # Pipelined: add piece k while pieces k+1... are still arriving.
-        received, sent = transport.start_exchange(sends, recvs, tag)
         for (own, piece), handle in zip(reductions, received, strict=False):
             handle.wait()
             combine(own, piece, op)
         for handle in received[len(reductions) :] + sent:
             handle.wait()
-
-
-def _sends_overlap(
-    sends: list[tuple[torch.Tensor, int]], reductions: list[tuple[torch.Tensor, torch.Tensor]]
-) -> bool:
-    """Whether a reduction target shares memory with a tensor being sent this round."""
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-
-    targets = [span(own) for own, _ in reductions]
-    for tensor, _ in sends:
-        lo, hi = span(tensor)
-        if any(lo < t_hi and t_lo < hi for t_lo, t_hi in targets):
-            return True
-    return False
-
-
-def _pieces(chunk: torch.Tensor) -> list[torch.Tensor]:
-    """A reduced chunk of more than :data:`PIECE_BYTES` as pieces of about that size, so the
-    reduction of one piece overlaps the transfer of the next (as gloo's own ring does); sender
-    and receiver cut the same chunk length the same way."""
-    count = (chunk.numel() * chunk.element_size()) // PIECE_BYTES
-    return list(torch.tensor_split(chunk, count)) if count >= 2 else [chunk]
 
 
 class Collective:

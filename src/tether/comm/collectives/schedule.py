@@ -81,6 +81,11 @@ class Schedule:
             rounds[step.round].append(step)
         return tuple(tuple(r) for r in rounds)
 
+    @cached_property
+    def plans(self) -> dict:
+        """Per-rank compiled plans of this schedule (:mod:`tether.comm.collectives.plan`)."""
+        return {}
+
     def links(self) -> set[tuple[int, int]]:
         """The directed links ``(src, dst)`` the schedule uses."""
         return {(s.src, s.dst) for s in self.steps}
