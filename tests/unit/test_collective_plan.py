@@ -16,7 +16,7 @@ import torch
 from tether.comm.collectives import COLLECTIVES
 from tether.comm.collectives.plan import RoundPlan, compile_plan, piece_ranges
 from tether.comm.collectives.ring import ring_all_reduce
-from tether.comm.collectives.schedule import Schedule, simulate
+from tether.comm.collectives.schedule import Schedule, Step, simulate
 
 SCHEDULED = [name for name in COLLECTIVES if name not in ("native", "auto")]
 
@@ -50,8 +50,9 @@ def _run_plans(
             by_round[rp.round][rank] = rp
         for previous, rp in itertools.pairwise(plan):
             if rp.early:
-                busy = [*previous.sends, *previous.copies, *previous.reductions]
                 for c in rp.copies:
+                    busy = [*previous.copies, *previous.reductions]
+                    busy += [t for t in previous.sends if t.peer != c.peer]
                     assert all(c.stop <= b.start or b.stop <= c.start for b in busy)
     for rounds in by_round:
         snapshot = [t.clone() for t in state]
@@ -92,9 +93,20 @@ def test_plans_do_what_the_schedule_says(name: str, world: int) -> None:
 
 
 def test_early_receives_wait_where_the_previous_round_still_sends_there() -> None:
-    # 2 ranks: the all-gather round receives into the chunk the reduce-scatter round sends.
+    # 2 ranks: the all-gather round receives into the chunk the reduce-scatter round sends, but
+    # from the rank it was sent to, which sends again only after receiving all of it.
     two = compile_plan(ring_all_reduce(2), 0, 100, 4, 1 << 20)
-    assert [rp.early for rp in two] == [False, False]
+    assert [rp.early for rp in two] == [False, True]
+    # Rank 0 sends chunk 0 to rank 1, then receives chunk 0 from rank 2, which need not wait
+    # for rank 1: that receive must wait for the send.
+    to_other = Schedule("t", 3, (Step(0, 0, 1, 0, "copy"), Step(1, 2, 0, 0, "copy")), chunks=2)
+    assert [rp.early for rp in compile_plan(to_other, 0, 100, 4, 1 << 20)] == [False, False]
+    # Two receives into one chunk from two ranks: the second waits for the first.
+    twice = Schedule("t", 3, (Step(0, 1, 0, 0, "copy"), Step(1, 2, 0, 0, "copy")), chunks=2)
+    assert [rp.early for rp in compile_plan(twice, 0, 100, 4, 1 << 20)] == [False, False]
+    # Receiving the other chunk is early.
+    apart = Schedule("t", 3, (Step(0, 0, 1, 0, "copy"), Step(1, 2, 0, 1, "copy")), chunks=2)
+    assert [rp.early for rp in compile_plan(apart, 0, 100, 4, 1 << 20)] == [False, True]
     # 4 ranks: every round after the first lands on chunks the round before does not touch.
     four = compile_plan(ring_all_reduce(4), 0, 100, 4, 1 << 20)
     assert [rp.early for rp in four] == [False] + [True] * 5

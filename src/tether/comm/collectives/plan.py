@@ -127,11 +127,18 @@ def _compile(
 
 
 def _touches(previous: RoundPlan, copies: list[Transfer]) -> bool:
-    """Whether a copy received this round would land on a range the previous round still sends,
-    receives or reduces into: such a receive is posted only once that round is over. (Reduced
-    pieces land in scratch, one buffer for even rounds and one for odd, so they never do.)"""
-    busy: list[Transfer | Reduction] = [*previous.sends, *previous.copies, *previous.reductions]
-    return any(c.start < b.stop and b.start < c.stop for c in copies for b in busy)
+    """Whether a copy received this round could land on a range while the previous round still
+    uses it: a range that round receives or reduces into, or sends to another rank. (A range
+    sent to the copy's own source is safe: the source sends this round only after its previous
+    round has ended, so after it has received every byte of ours. Reduced pieces land in
+    scratch, one buffer for even rounds and one for odd, so they never do.) Such a receive is
+    posted only once the previous round is over."""
+    for c in copies:
+        busy: list[Transfer | Reduction] = [*previous.copies, *previous.reductions]
+        busy += [t for t in previous.sends if t.peer != c.peer]
+        if any(c.start < b.stop and b.start < c.stop for b in busy):
+            return True
+    return False
 
 
 def _sends_overlap(sends: list[Transfer], reductions: list[Reduction]) -> bool:
