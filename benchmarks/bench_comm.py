@@ -19,7 +19,7 @@ Parts, each one ``tether bench comm`` subprocess whose ``comm.json`` is read bac
 result is checked exactly by the benchmark itself; a wrong one fails the run. Writes
 ``results/comm_<machine>.md`` with the tables, PASS/FAIL per goal, and the plots next to it.
 
-Run from the repository root (about 10 minutes on 2 cores)::
+Run from the repository root (about 10-11 minutes on 2 cores with the default 30 repeats)::
 
     .venv/bin/python benchmarks/bench_comm.py
     .venv/bin/python benchmarks/bench_comm.py --parts allreduce,mpi --workers 2
@@ -326,7 +326,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     parser.add_argument("--workers", type=int, default=4, help="ranks for the allreduce part")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--link-mbit", type=float, default=1000.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per part")
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")

@@ -4,6 +4,8 @@ choice (native unless beaten by the margin), the model's predictions, the JSON r
 from __future__ import annotations
 
 import statistics
+import sys
+import threading
 
 import pytest
 
@@ -11,7 +13,8 @@ from tether.comm.collectives import cost
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.ring import ring_all_reduce
-from tether.perf.calibration import VERSION, Calibration
+from tether.launch import affinity
+from tether.perf.calibration import VERSION, Calibration, cache_path
 from tether.perf.rounds import rotated
 from tether.perf.timed_algorithms import (
     LARGE_ROUNDS,
@@ -110,3 +113,17 @@ def test_rounds_rotate_so_every_algorithm_takes_every_position() -> None:
     for position in range(3):
         assert sorted(order[position] for order in orders[:3]) == sorted(names)
     assert rotated([], 5) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread pinning is Linux-only")
+def test_pinned_calibrations_are_cached_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cache_path("gloo", 2, 1, pinned=True).name.endswith("-pinned.json")
+    assert cache_path("gloo", 2, 1, pinned=True) != cache_path("gloo", 2, 1)
+    monkeypatch.setattr(affinity, "_pinned_core", None)
+    assert affinity.pinned_core() is None
+    cores: list[int | None] = []
+    # pin a throwaway thread, not pytest's own
+    worker = threading.Thread(target=lambda: cores.append(affinity.pin_main_thread(1)))
+    worker.start()
+    worker.join()
+    assert cores[0] is not None and affinity.pinned_core() == cores[0]

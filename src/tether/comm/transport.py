@@ -127,10 +127,10 @@ class TorchTransport(MessageProtocol):
         messages between two ranks on one tag are matched in posting order. The caller keeps
         every tensor alive until its handle is waited on.
 
-        CPU tensors (gloo) are posted straight on the process group, receives first: gloo's
-        isend/irecv never block, so no grouping is needed, and ``dist.isend``'s checks and
-        ``batch_isend_irecv``'s bookkeeping cost ~0.1 ms per round in Python, a third of a
-        4-byte exchange on a 2-core machine. NCCL needs its point-to-point calls grouped (two
+        CPU tensors (gloo) are posted straight on the process group (the calls ``dist.isend``
+        and ``dist.irecv`` end in), sends first: gloo's isend/irecv never block, so no grouping
+        is needed, and ``dist.isend``'s checks and ``batch_isend_irecv``'s bookkeeping cost
+        ~0.1 ms per round in Python, a third of a 4-byte exchange on a 2-core machine. NCCL needs its point-to-point calls grouped (two
         ranks sending to each other first would otherwise wait on each other), so device
         tensors go through ``batch_isend_irecv``."""
         first = sends[0][0] if sends else recvs[0][0] if recvs else None

@@ -13,6 +13,14 @@ from __future__ import annotations
 
 import os
 
+_pinned_core: int | None = None
+
+
+def pinned_core() -> int | None:
+    """The core :func:`pin_main_thread` pinned this process's main thread to (None: not pinned).
+    Timings taken pinned differ from unpinned ones (above), so calibrations are kept apart."""
+    return _pinned_core
+
 
 def pin_main_thread(local_rank: int) -> int | None:
     """Pin the calling thread to core ``local_rank`` mod the cores this process may use, and
@@ -22,4 +30,6 @@ def pin_main_thread(local_rank: int) -> int | None:
     cores = sorted(os.sched_getaffinity(0))
     core = cores[local_rank % len(cores)]
     os.sched_setaffinity(0, {core})
+    global _pinned_core
+    _pinned_core = core
     return core

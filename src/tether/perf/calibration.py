@@ -237,11 +237,15 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
     )
 
 
-def cache_path(backend: str, world_size: int, ranks_per_node: int) -> Path:
+def cache_path(backend: str, world_size: int, ranks_per_node: int, pinned: bool = False) -> Path:
+    """Where a calibration is cached: per host, backend, group shape, and whether the ranks'
+    main threads were pinned (``tether bench comm --pin``), so that a pinned recalibration never
+    drives the choices of unpinned training."""
     from tether.launch.env import cache_dir
 
     host = socket.gethostname()
-    return cache_dir() / "calibration" / f"{host}-{backend}-p{world_size}-g{ranks_per_node}.json"
+    shape = f"{host}-{backend}-p{world_size}-g{ranks_per_node}"
+    return cache_dir() / "calibration" / f"{shape}{'-pinned' if pinned else ''}.json"
 
 
 def load_or_calibrate(
@@ -253,11 +257,12 @@ def load_or_calibrate(
     """The cached calibration of this host/backend/group shape, measured once if there is none
     (or ``refresh``). Collective: rank 0 decides and its result reaches every rank."""
     from tether.comm.collectives.hierarchical import Hierarchical
+    from tether.launch.affinity import pinned_core
 
     world = transport.world_size
     per_node = ranks_per_node or Hierarchical().nodes_of(world)
     backend = backend if backend is not None else _backend_name()
-    path = cache_path(backend, world, per_node)
+    path = cache_path(backend, world, per_node, pinned_core() is not None)
     cached: Calibration | None = None
     if transport.rank == 0 and not refresh and path.exists():
         try:
