@@ -130,9 +130,9 @@ class TorchTransport(MessageProtocol):
         CPU tensors (gloo) are posted straight on the process group (the calls ``dist.isend``
         and ``dist.irecv`` end in), sends first: gloo's isend/irecv never block, so no grouping
         is needed, and ``dist.isend``'s checks and ``batch_isend_irecv``'s bookkeeping cost
-        ~0.1 ms per round in Python, a third of a 4-byte exchange on a 2-core machine. NCCL needs its point-to-point calls grouped (two
-        ranks sending to each other first would otherwise wait on each other), so device
-        tensors go through ``batch_isend_irecv``."""
+        ~0.1 ms per round in Python, a third of a 4-byte exchange on a 2-core machine. NCCL
+        needs its point-to-point calls grouped (two ranks sending to each other first would
+        otherwise wait on each other), so device tensors go through ``batch_isend_irecv``."""
         first = sends[0][0] if sends else recvs[0][0] if recvs else None
         if first is None:
             return [], []

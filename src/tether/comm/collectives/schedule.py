@@ -20,9 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:  # plan.py imports this module
+    from tether.comm.collectives.plan import RoundPlan
 
 StepOp = Literal["copy", "reduce"]
 
@@ -82,8 +85,9 @@ class Schedule:
         return tuple(tuple(r) for r in rounds)
 
     @cached_property
-    def plans(self) -> dict:
-        """Per-rank compiled plans of this schedule (:mod:`tether.comm.collectives.plan`)."""
+    def plans(self) -> dict[tuple[int, int, int, int], tuple[RoundPlan, ...]]:
+        """Per-rank compiled plans of this schedule, by (rank, elements, element size, piece
+        size): filled by :func:`tether.comm.collectives.plan.compile_plan`."""
         return {}
 
     def links(self) -> set[tuple[int, int]]:
