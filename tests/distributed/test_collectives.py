@@ -149,6 +149,29 @@ def _pipelined_pieces(rank: int, world: int, checks: Checks) -> None:
         base.PIECE_BYTES = saved
 
 
+def _reused_buffers(rank: int, world: int, checks: Checks) -> None:
+    """A 1-D tensor reduced again and again reuses the views cut on its first call
+    (collectives.views); two such tensors of one size do not mix, and one whose storage is
+    swapped (``set_``) is reduced in its new storage, leaving the old one alone."""
+    total = world * (world + 1) / 2
+    for name in ("ring", "halving-doubling", "recursive-doubling"):
+        collective = COLLECTIVES.get(name)
+        first, second = torch.empty(1000), torch.empty(1000)
+        for call in range(3):
+            for index, tensor in enumerate((first, second)):
+                tensor.copy_(torch.arange(1000.0) * (rank + 1) + index + call)
+                collective.all_reduce(tensor)
+                want = torch.arange(1000.0) * total + (index + call) * world
+                checks.expect(torch.equal(tensor, want), f"{name} reused buffer {index} #{call}")
+        old = first.clone()
+        swapped = first.untyped_storage()
+        first.set_(torch.full((1000,), float(rank + 1)))
+        collective.all_reduce(first)
+        checks.expect(torch.equal(first, torch.full((1000,), total)), f"{name} after set_")
+        kept = torch.empty(0).set_(swapped)
+        checks.expect(torch.equal(kept, old), f"{name}: the swapped-out storage was written")
+
+
 def _everything(rank: int, world: int) -> dict:
     start = time.perf_counter()
     checks = Checks()
@@ -156,6 +179,7 @@ def _everything(rank: int, world: int) -> dict:
     _broadcasts_and_reduces(rank, world, checks)
     _odd_cases(rank, world, checks)
     _pipelined_pieces(rank, world, checks)
+    _reused_buffers(rank, world, checks)
     return {"checks": checks.count, "failures": checks.failures, "s": time.perf_counter() - start}
 
 

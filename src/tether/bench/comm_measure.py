@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tether.bench.comm import (
@@ -99,12 +100,7 @@ def collective_call(
         return lambda: all_gather(case.out, case.buf)
     from tether.comm.collectives import COLLECTIVES
 
-    collective = COLLECTIVES.get(algo)
-    if kind == "all_reduce":
-        return lambda: collective.all_reduce(case.buf, "sum", comm=transport)
-    if kind == "broadcast":
-        return lambda: collective.broadcast(case.buf, ROOT, comm=transport)
-    return lambda: collective.reduce(case.buf, ROOT, "sum", comm=transport)
+    return partial(COLLECTIVES.get(algo).run, kind, case.buf, "sum", ROOT, transport)
 
 
 def measure(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,7 +94,7 @@ def time_algorithms(
         mine: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(rounds + 1):  # round 0 sets up connections and buffers, untimed
             for name in rotated(names, round_):
-                call = _call(algorithms[name], kind, buf, transport)
+                call = partial(algorithms[name].run, kind, buf, comm=transport)
                 if n_bytes < LARGE_BYTES:
                     call()
                 transport.barrier()
@@ -114,14 +114,6 @@ def time_algorithms(
         if max(p[-1][1] for p in points.values()) > SLOW_CALL_S:
             break
     return points, clear_wins
-
-
-def _call(
-    algorithm: Collective, kind: str, buf: torch.Tensor, transport: Transport
-) -> Callable[[], None]:
-    if kind == "all_reduce":
-        return lambda: algorithm.all_reduce(buf, comm=transport)
-    return lambda: algorithm.broadcast(buf, 0, comm=transport)
 
 
 def beats_clearly(times: list[float], native: list[float]) -> bool:

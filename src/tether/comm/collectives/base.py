@@ -18,7 +18,6 @@ collective call (a barrier) on the group before the first schedule runs.
 
 from __future__ import annotations
 
-import threading
 from typing import ClassVar
 
 import torch
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from tether.comm.collectives.plan import RoundPlan, compile_plan
 from tether.comm.collectives.schedule import Schedule
+from tether.comm.collectives.views import cached_views, remember_views, round_tensors
 from tether.comm.transport import TorchTransport, Transport
 from tether.errors import TetherError
 
@@ -65,45 +65,6 @@ def combine(target: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         torch.minimum(target, incoming, out=target)
 
 
-_scratch = threading.local()
-
-
-def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
-    """A receive buffer of ``numel`` elements of ``like``'s dtype and device, reused across
-    rounds and calls (per thread): a fresh multi-MiB ``empty`` every round costs page faults
-    comparable to the copy itself. Two slots, so that a round's receives can be posted while the
-    previous round's still land. Valid until the next call on this thread with this slot."""
-    buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = (
-        _scratch.__dict__.setdefault("buffers", {})
-    )
-    key = (like.dtype, like.device, slot)
-    buf = buffers.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=like.dtype, device=like.device)
-        buffers[key] = buf
-    return buf[:numel]
-
-
-RoundTensors = tuple[
-    list[tuple[torch.Tensor, int]],  # sends: (tensor, destination)
-    list[tuple[torch.Tensor, int]],  # receives: (buffer, source), the reduced pieces first
-    list[tuple[torch.Tensor, torch.Tensor]],  # reductions: (own range, its scratch piece)
-]
-
-
-def _round_tensors(rp: RoundPlan, flat: torch.Tensor, slot: int) -> RoundTensors:
-    sends = [(flat[t.start : t.stop], t.peer) for t in rp.sends]
-    buf = scratch(rp.scratch_numel, flat, slot) if rp.reductions else flat[:0]
-    reductions = [
-        (flat[red.start : red.stop], buf[red.offset : red.offset + red.stop - red.start])
-        for red in rp.reductions
-    ]
-    # reduced pieces first, so that receive handle k is reduction k's
-    recvs = [(piece, red.peer) for (_, piece), red in zip(reductions, rp.reductions, strict=True)]
-    recvs += [(flat[t.start : t.stop], t.peer) for t in rp.copies]
-    return sends, recvs, reductions
-
-
 def _tag(rp: RoundPlan) -> int:
     return COLLECTIVE_TAG + rp.round % TAG_SPAN
 
@@ -122,10 +83,14 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
     plan = compile_plan(schedule, transport.rank, flat.numel(), flat.element_size(), PIECE_BYTES)
     post_early = flat.device.type == "cpu"
     posted: list | None = None  # this round's receive handles, when posted during the last one
-    tensors = _round_tensors(plan[0], flat, 0) if plan else None
+    views = cached_views(plan, flat)
+    fresh = views is None
+    if views is None:  # cut round by round, so that the first round is posted at once
+        alias, views = flat.detach(), []
+        if plan:
+            views.append(round_tensors(plan[0], alias, 0))
     for index, rp in enumerate(plan):
-        assert tensors is not None
-        sends, recvs, reductions = tensors
+        sends, recvs, reductions = views[index]
         if posted is None:
             received, sent = transport.start_exchange(sends, recvs, _tag(rp))
         else:
@@ -133,9 +98,10 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
         posted = None
         if index + 1 < len(plan):
             following = plan[index + 1]
-            tensors = _round_tensors(following, flat, (index + 1) % 2)
+            if fresh:
+                views.append(round_tensors(following, alias, (index + 1) % 2))
             if post_early and following.early:
-                posted = transport.start_exchange([], tensors[1], _tag(following))[0]
+                posted = transport.start_exchange([], views[index + 1][1], _tag(following))[0]
         if not rp.pipelined:
             # Sends read the start-of-round value: a chunk this rank also sends this round
             # (recursive doubling) is reduced into only after every transfer has completed.
@@ -150,6 +116,8 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
             combine(own, piece, op)
         for handle in received[len(reductions) :] + sent:
             handle.wait()
+    if fresh:
+        remember_views(plan, flat, views)
 
 
 class Collective:
@@ -183,11 +151,11 @@ class Collective:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", comm: Comm = None) -> None:
         """Reduce ``tensor`` over the group, in place; every rank ends with the same result."""
-        self._run("all_reduce", tensor, op, 0, comm)
+        self.run("all_reduce", tensor, op, 0, comm)
 
     def broadcast(self, tensor: torch.Tensor, src: int, comm: Comm = None) -> None:
         """Overwrite ``tensor`` on every rank with rank ``src``'s (a rank within ``comm``)."""
-        self._run("broadcast", tensor, "sum", src, comm)
+        self.run("broadcast", tensor, "sum", src, comm)
 
     def reduce(
         self,
@@ -197,16 +165,25 @@ class Collective:
         comm: Comm = None,
     ) -> None:
         """Reduce into ``tensor`` on rank ``dst``; elsewhere ``tensor`` ends unspecified."""
-        self._run("reduce", tensor, op, dst, comm)
+        self.run("reduce", tensor, op, dst, comm)
 
-    def _run(self, kind: str, tensor: torch.Tensor, op: str, root: int, comm: Comm) -> None:
+    def run(
+        self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0, comm: Comm = None
+    ) -> None:
+        """Run operation ``kind`` (one of :data:`KINDS`) in place: what :meth:`all_reduce`,
+        :meth:`broadcast` (``op`` unused) and :meth:`reduce` do, for callers that pick the kind
+        at run time (the benchmark, the calibration)."""
         self._check_kind(kind)
         check_op(op, tensor.dtype)
         transport = as_transport(comm)
         world = transport.world_size
         if not 0 <= root < world:
             raise TetherError(f"root {root} is not a rank of a group of {world}")
-        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+        if tensor.is_contiguous():
+            # a 1-D tensor goes as itself, so that its views are cut once (collectives.views)
+            flat = tensor if tensor.dim() == 1 else tensor.view(-1)
+        else:
+            flat = tensor.contiguous().view(-1)
         self.execute(kind, flat, op, root, transport)
         if op == "avg" and (kind == "all_reduce" or transport.rank == root):
             flat.div_(world)
