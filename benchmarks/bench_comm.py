@@ -15,7 +15,9 @@ Parts, each one ``tether bench comm`` subprocess whose ``comm.json`` is read bac
 4. ``mpi``: small-message latency of the MPI transport (mpi4py + MPICH) vs gloo, native
    all-reduce on 2 ranks. Goal: MPI <= 0.1x gloo's time at 4 B. Skipped without mpi4py.
 
-"x native" is native's median time divided by the algorithm's (> 1: faster than native). Every
+"x native" is native's median time divided by the algorithm's (> 1: faster than native). The ring
+goal is also checked on the lower quartiles over repeats: interference only adds time, and on a
+noisy 2-core VM the median of single 1 MiB calls swings between two modes. Every
 result is checked exactly by the benchmark itself; a wrong one fails the run. Writes
 ``results/comm_<machine>.md`` with the tables, PASS/FAIL per goal, and the plots next to it.
 
@@ -104,12 +106,18 @@ def time_table(report: dict[str, Any], reference: str = "native") -> list[str]:
 
 
 def goal(
-    report: dict[str, Any], fast: str, slow: str, min_bytes: int, at_least: float
+    report: dict[str, Any],
+    fast: str,
+    slow: str,
+    min_bytes: int,
+    at_least: float,
+    key: str = "time_s",
 ) -> tuple[bool, str]:
-    """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes.
-    Returns (passed, a line with the worst ratio and the failing sizes)."""
+    """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes
+    (``key``: the median time, or ``quartile_s``, the lower quartile over repeats). Returns
+    (passed, a line with the worst ratio and the failing sizes)."""
     ratios = [
-        (row[slow]["time_s"] / row[fast]["time_s"], n)
+        (row[slow][key] / row[fast][key], n)
         for n, row in sorted(by_size(report).items())
         if n >= min_bytes and fast in row and slow in row
     ]
@@ -139,10 +147,12 @@ def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) ->
     """auto against native, separately where auto ran another algorithm (the choice is what is
     tested) and where it ran native itself (the same code: the ratio is the run's noise)."""
     rows = by_size(report)
-    ratios = {
-        n: row["native"]["time_s"] / row["auto"]["time_s"]
-        for n, row in rows.items()
-        if "auto" in row and "native" in row
+    both = {n: row for n, row in rows.items() if "auto" in row and "native" in row}
+    ratios = {n: row["native"]["time_s"] / row["auto"]["time_s"] for n, row in both.items()}
+    quartiles = {
+        n: row["native"]["quartile_s"] / row["auto"]["quartile_s"]
+        for n, row in both.items()
+        if choices.get(n, "native") == "native"
     }
     other = {n: r for n, r in ratios.items() if choices.get(n, "native") != "native"}
     same = {n: r for n, r in ratios.items() if choices.get(n, "native") == "native"}
@@ -160,11 +170,13 @@ def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) ->
         )
     if same:
         spread = f"{min(same.values()):.2f}x to {max(same.values()):.2f}x"
+        quartile = f"{min(quartiles.values()):.2f}x to {max(quartiles.values()):.2f}x"
         goals.append(
             (
                 f"auto = native where auto chose native ({workers} ranks; noise check)",
                 None,
-                f"{len(same)} sizes, measured ratio {spread}: the same code timed twice",
+                f"{len(same)} sizes, measured ratio {spread} (lower quartiles: {quartile}): "
+                "the same code timed twice",
             )
         )
     return goals
@@ -180,6 +192,10 @@ def run_allreduce(args: argparse.Namespace, tmp: Path, workers: int, name: str) 
         (
             f"ring >= 0.8x native at >= 1 MiB ({workers} ranks)",
             *goal(report, "ring", "native", MiB, 0.8),
+        ),
+        (
+            f"ring >= 0.8x native at >= 1 MiB ({workers} ranks; lower quartiles)",
+            *goal(report, "ring", "native", MiB, 0.8, "quartile_s"),
         ),
     ]
     picks = ", ".join(f"{human(n)}: {algo}" for n, algo in choices.items())
@@ -285,7 +301,8 @@ def write_markdown(
         f"- Other work on the machine during the run: {load[0]:.2f} cores busy on average "
         f"({load[1]})",
         "- Times: median over repeats of the slowest rank's time per call (nccl-tests scheme, "
-        "`tether bench comm --help`); `xnative` = native's time / the algorithm's (> 1 is faster).",
+        "`tether bench comm --help`); `xnative` = native's time / the algorithm's (> 1 is faster); "
+        "lower quartiles: the time a quarter of the repeats beat.",
         "",
         "## Goals",
         "",

@@ -250,6 +250,8 @@ def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
         assert row["correct"] == (row["algo"] == "native")
         assert len(row["times_s"]) == row["repeats"] == 3
         assert row["time_s"] == sorted(row["times_s"])[1] and row["time_s"] > 0
+        low, mid = sorted(row["times_s"])[:2]
+        assert row["quartile_s"] == pytest.approx((low + mid) / 2)
         assert row["predicted_s"] == 1e-3
     report = finish_report(raw, {"op": "allreduce", "workers": 1, "transport": "torch"})
     assert all(r["vs_native"] is None for r in report["rows"] if r["algo"] == "ring")
@@ -289,6 +291,7 @@ def fake_report(workers: int = 4) -> dict[str, Any]:
                     "algo": algo,
                     "bytes": n_bytes,
                     "time_s": (1e-5 + n_bytes * 1e-9) / speed,
+                    "quartile_s": 1e-5 / speed / (3.0 if algo == "ring" else 1.0),
                     "times_s": [],
                     "iters": 1,
                     "repeats": 3,
@@ -308,10 +311,12 @@ def test_bandwidths_and_ratio_to_native() -> None:
     assert ring["algbw_GBps"] == pytest.approx(MB / ring["time_s"] / 1e9)
     assert ring["busbw_GBps"] == pytest.approx(ring["algbw_GBps"] * 1.5)
     assert ring["vs_native"] == pytest.approx(2.0)  # twice as fast as native
+    assert ring["vs_native_quartile"] == pytest.approx(6.0)  # its own statistic, not the median
     native = next(r for r in report["rows"] if r["algo"] == "native" and r["bytes"] == 4)
     assert native["vs_native"] == pytest.approx(1.0)
     wrong = [r for r in report["rows"] if r["algo"] == "naive"]
     assert wrong and all(r["vs_native"] is None for r in wrong)  # fast but wrong: no ratio
+    assert all(r["vs_native_quartile"] is None for r in wrong)
     json.dumps(report)  # the report is plain JSON
 
 

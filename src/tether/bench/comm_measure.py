@@ -38,6 +38,16 @@ def repeats_for(n_bytes: int, repeats: int) -> int:
     return max(min(repeats, MIN_REPEATS), min(repeats, budget))
 
 
+def lower_quartile(times: list[float]) -> float:
+    """The time a quarter of the repeats beat: interference from the rest of the machine only
+    ever adds time, so on a noisy one this moves far less from run to run than the median (2
+    ranks on a 2-core VM: single 1 MiB calls are bimodal, 1.3 or 3.7 ms, and the median of 30
+    lands in either mode)."""
+    if len(times) < 2:
+        return times[0]
+    return statistics.quantiles(times, n=4, method="inclusive")[0]
+
+
 def pattern(rank: int, n: int, device: torch.device) -> torch.Tensor:
     """Rank ``rank``'s input: small integers (1..13 times rank+1), so float32 sums over any
     realistic number of ranks are exact whatever order an algorithm adds them in."""
@@ -161,6 +171,7 @@ def measure(
                     "algo": algo,
                     "bytes": case.n_bytes,
                     "time_s": statistics.median(per_repeat),
+                    "quartile_s": lower_quartile(per_repeat),
                     "times_s": per_repeat,
                     "iters": iters,
                     "repeats": repeats,

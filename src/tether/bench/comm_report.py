@@ -15,19 +15,25 @@ if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need no
 def finish_report(raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The raw rows of :func:`measure` with algbw, busbw and the ratio to native added.
 
-    ``vs_native`` is native's time over the algorithm's (above 1: faster than native); it is
-    left empty for an algorithm whose result was wrong, so a fast wrong one never ranks well."""
+    ``vs_native`` is native's time over the algorithm's (above 1: faster than native), and
+    ``vs_native_quartile`` the same for the lower quartiles; both are left empty for an algorithm
+    whose result was wrong, so a fast wrong one never ranks well."""
     kind, world = OPS[meta["op"]], int(meta["workers"])
     factor = busbw_factor(kind, world)
-    native = {r["bytes"]: r["time_s"] for r in raw["rows"] if r["algo"] == "native"}
+    native = {r["bytes"]: r for r in raw["rows"] if r["algo"] == "native"}
     rows = []
     for row in raw["rows"]:
         time_s = float(row["time_s"])
         algbw = row["bytes"] / time_s / GB if time_s > 0 else math.inf
-        reference = native.get(row["bytes"])
-        vs_native = reference / time_s if reference and row["correct"] and time_s > 0 else None
+        reference = native.get(row["bytes"]) if row["correct"] else None
         rows.append(
-            {**row, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "vs_native": vs_native}
+            {
+                **row,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * factor,
+                "vs_native": _ratio(reference, row, "time_s"),
+                "vs_native_quartile": _ratio(reference, row, "quartile_s"),
+            }
         )
     return {
         **meta,
@@ -35,14 +41,26 @@ def finish_report(raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         "busbw_factor": factor,
         "timing": (
             "per repeat: barrier, then `iters` back-to-back calls timed and divided by iters; "
-            "time of a repeat = max over ranks; time_s = median over repeats (first repeat "
-            "discarded as warm-up)"
+            "time of a repeat = max over ranks; time_s = median over repeats, quartile_s = "
+            "lower quartile over repeats (first repeat discarded as warm-up)"
         ),
-        "units": {"time_s": "seconds", "algbw_GBps": "1e9 bytes/s", "busbw_GBps": "1e9 bytes/s"},
+        "units": {
+            "time_s": "seconds",
+            "quartile_s": "seconds",
+            "algbw_GBps": "1e9 bytes/s",
+            "busbw_GBps": "1e9 bytes/s",
+        },
         "skipped": raw.get("skipped", {}),
         "bench_s": raw.get("bench_s"),
         "rows": rows,
     }
+
+
+def _ratio(native: dict[str, Any] | None, row: dict[str, Any], key: str) -> float | None:
+    """native's ``key`` time over the row's; None without a native row or a time."""
+    if native is None or key not in row or not row[key] > 0:
+        return None
+    return float(native[key]) / float(row[key])
 
 
 TABLE_COLUMNS = (
