@@ -3,9 +3,10 @@
 Every algorithm of this package is a :class:`Collective`: it builds schedules, and this module
 runs them with the transport's nonblocking point-to-point calls on tensor chunks (one round's
 sends and receives posted together, then waited on, so two ranks exchanging in one round cannot
-deadlock; on gloo the process group's own send/recv, on NCCL ``dist.batch_isend_irecv``, on MPI
+deadlock; on gloo the group backend's own send/recv, on NCCL ``dist.batch_isend_irecv``, on MPI
 ``Isend``/``Irecv``). Each rank's part of a schedule is compiled once into element ranges
-(:mod:`tether.comm.collectives.plan`). Sizes come from the schedule, known to both sides, so no
+(:mod:`tether.comm.collectives.plan`), and a 1-D tensor's views of them are cut once
+(:mod:`tether.comm.collectives.views`). Sizes come from the schedule, known to both sides, so no
 header travels; a reduced chunk is received into a buffer of exactly its size.
 
 Collectives use tags ``COLLECTIVE_TAG + round % TAG_SPAN``, apart from the parameter-server
