@@ -77,7 +77,7 @@ class ForeignLoad:
     @staticmethod
     def _snapshot() -> dict[int, tuple[int, int, str, int]]:
         """pid -> (parent pid, CPU ticks used, command name, start time)."""
-        procs = {}
+        procs: dict[int, tuple[int, int, str, int]] = {}
         try:
             entries = os.listdir("/proc")
         except OSError:

@@ -108,7 +108,7 @@ def run_compare(
     if proc.returncode != 0 or not (out / "compare.json").exists():
         raise SystemExit(f"tether compare failed (exit {proc.returncode}):\n{text}")
     data = json.loads((out / "compare.json").read_text())
-    order = sorted(starts, key=starts.get)
+    order = sorted(starts, key=lambda m: starts[m])
     spans = {
         m: (starts[m], starts[order[i + 1]] if i + 1 < len(order) else end)
         for i, m in enumerate(order)

@@ -104,7 +104,7 @@ def _throughput_rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, A
     config = TrainConfig(workers=world, batch_size=batch, lr=opts["lr"], momentum=opts["momentum"])
     torch.manual_seed(opts["seed"])
     base = build_model("lenet5", data.sample_shape, data.num_classes)
-    runners = {
+    runners: dict[str, Any] = {
         "tether": _TetherRunner(copy.deepcopy(base), config),
         "ddp": _DDPRunner(copy.deepcopy(base), config),
         "tether-unfused": _TetherRunner(
