@@ -36,9 +36,11 @@ Comm = Transport | dist.ProcessGroup | None
 
 
 def as_transport(comm: Comm) -> Transport:
-    if comm is None or isinstance(comm, dist.ProcessGroup):
-        return TorchTransport(comm)
-    return comm
+    # A transport is recognised by its method: isinstance(x, dist.ProcessGroup) goes through
+    # torch's Python metaclass, ~4 us a test, twice per collective call.
+    if comm is not None and hasattr(comm, "start_exchange"):
+        return comm  # type: ignore[return-value]
+    return TorchTransport(comm)
 
 
 COLLECTIVE_TAG = 8000
