@@ -129,15 +129,15 @@ class TorchTransport(MessageProtocol):
         every tensor alive until its handle is waited on.
 
         CPU tensors (gloo) are posted straight on the group's gloo backend (where the calls
-        ``dist.isend`` and ``dist.irecv`` end up): gloo's isend/irecv never block, so no grouping is needed, and
-        ``dist.isend``'s checks and ``batch_isend_irecv``'s bookkeeping cost ~0.1 ms per round in
-        Python, a third of a 4-byte exchange on a 2-core machine. Receives go first: gloo sends
-        a message only once its receiver has announced the receive, so announcing ours early
-        lets the peer's send go out at once (ring all-reduce of 1 MiB on a 2-core VM, fastest
-        quarter of calls: 2 ranks 1.32-1.46 -> 1.18-1.27 ms against sends first, 4 ranks 4.6 ->
-        4.3 ms, both orders timed in the same runs). NCCL needs its point-to-point calls
-        grouped (two ranks sending to each other first would otherwise wait on each other), so
-        device tensors go through ``batch_isend_irecv``."""
+        ``dist.isend`` and ``dist.irecv`` end up): gloo's isend/irecv never block, so no
+        grouping is needed, and ``dist.isend``'s checks and ``batch_isend_irecv``'s bookkeeping
+        cost ~0.1 ms per round in Python, a third of a 4-byte exchange on a 2-core machine.
+        Receives go first: gloo sends a message only once its receiver has announced the
+        receive, so announcing ours early lets the peer's send go out at once (ring all-reduce
+        of 1 MiB on a 2-core VM, fastest quarter of calls: 2 ranks 1.32-1.46 -> 1.18-1.27 ms
+        against sends first, 4 ranks 4.6 -> 4.3 ms, both orders timed in the same runs). NCCL
+        needs its point-to-point calls grouped (two ranks sending to each other first would
+        otherwise wait on each other), so device tensors go through ``batch_isend_irecv``."""
         first = sends[0][0] if sends else recvs[0][0] if recvs else None
         if first is None:
             return [], []
