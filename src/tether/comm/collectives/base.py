@@ -36,9 +36,10 @@ Comm = Transport | dist.ProcessGroup | None
 
 
 def as_transport(comm: Comm) -> Transport:
-    # A transport is recognised by its method: isinstance(x, dist.ProcessGroup) goes through
-    # torch's Python metaclass, ~4 us a test, twice per collective call.
-    if comm is not None and hasattr(comm, "start_exchange"):
+    # A transport is recognised by its world_size attribute (a ProcessGroup has a size()
+    # method instead): isinstance(x, dist.ProcessGroup) goes through torch's Python metaclass,
+    # ~4 us a test, twice per collective call.
+    if comm is not None and hasattr(comm, "world_size"):
         return comm  # type: ignore[return-value]
     return TorchTransport(comm)
 
