@@ -146,16 +146,15 @@ def auto_choices(report: dict[str, Any], workers: int) -> dict[int, str]:
 def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) -> list[tuple]:
     """auto against native, separately where auto ran another algorithm (the choice is what is
     tested) and where it ran native itself (the same code: the ratio is the run's noise)."""
-    rows = by_size(report)
-    both = {n: row for n, row in rows.items() if "auto" in row and "native" in row}
-    ratios = {n: row["native"]["time_s"] / row["auto"]["time_s"] for n, row in both.items()}
-    quartiles = {
-        n: row["native"]["quartile_s"] / row["auto"]["quartile_s"]
-        for n, row in both.items()
-        if choices.get(n, "native") == "native"
-    }
-    other = {n: r for n, r in ratios.items() if choices.get(n, "native") != "native"}
-    same = {n: r for n, r in ratios.items() if choices.get(n, "native") == "native"}
+    both = {n: row for n, row in by_size(report).items() if "auto" in row and "native" in row}
+
+    def ratio(n: int, key: str = "time_s") -> float:
+        return both[n]["native"][key] / both[n]["auto"][key]
+
+    ran_native = {n for n in both if choices.get(n, "native") == "native"}
+    other = {n: ratio(n) for n in both if n not in ran_native}
+    same = {n: ratio(n) for n in ran_native}
+    quartiles = {n: ratio(n, "quartile_s") for n in ran_native}
     goals: list[tuple] = []
     if other:
         worst = min(other, key=lambda n: other[n])

@@ -5,7 +5,8 @@ whether a send overlaps a reduction) is Python work on the critical path of ever
 once, the runner's own time per call halved (cProfile, ring all-reduce of 1 MiB on 2 ranks of a
 2-core VM: 163 -> 87 us). The walk depends only on the schedule, the rank, the element count, the
 element size and the piece size, so it is done once per such key and cached on the schedule; a
-call then only slices its tensor.
+call then only slices its tensor (once per tensor where :mod:`tether.comm.collectives.views`
+can keep the slices).
 
 Ranges are ``(start, stop)`` element offsets into the flat vector; a reduction also names its
 offset in the round's scratch buffer, where the incoming piece lands before it is combined.
