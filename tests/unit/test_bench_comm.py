@@ -14,7 +14,13 @@ import torch
 from tether.bench import comm, comm_measure
 from tether.bench.comm import busbw_factor, format_size, parse_size, parse_sizes, resolve_args
 from tether.bench.comm_measure import Case, iters_for, repeats_for
-from tether.bench.comm_report import finish_report, format_table, plot_report, wrong_results
+from tether.bench.comm_report import (
+    finish_report,
+    format_table,
+    mean_ratio_interval,
+    plot_report,
+    wrong_results,
+)
 from tether.cli import main
 from tether.comm.collectives import collectives_for
 from tether.errors import TetherError
@@ -252,6 +258,7 @@ def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
         assert row["time_s"] == sorted(row["times_s"])[1] and row["time_s"] > 0
         low, mid = sorted(row["times_s"])[:2]
         assert row["quartile_s"] == pytest.approx((low + mid) / 2)
+        assert row["mean_s"] == pytest.approx(sum(row["times_s"]) / 3)
         assert row["predicted_s"] == 1e-3
     report = finish_report(raw, {"op": "allreduce", "workers": 1, "transport": "torch"})
     assert all(r["vs_native"] is None for r in report["rows"] if r["algo"] == "ring")
@@ -292,6 +299,7 @@ def fake_report(workers: int = 4) -> dict[str, Any]:
                     "bytes": n_bytes,
                     "time_s": (1e-5 + n_bytes * 1e-9) / speed,
                     "quartile_s": 1e-5 / speed / (3.0 if algo == "ring" else 1.0),
+                    "mean_s": 1e-5 / speed / (5.0 if algo == "ring" else 1.0),
                     "times_s": [],
                     "iters": 1,
                     "repeats": 3,
@@ -312,12 +320,33 @@ def test_bandwidths_and_ratio_to_native() -> None:
     assert ring["busbw_GBps"] == pytest.approx(ring["algbw_GBps"] * 1.5)
     assert ring["vs_native"] == pytest.approx(2.0)  # twice as fast as native
     assert ring["vs_native_quartile"] == pytest.approx(6.0)  # its own statistic, not the median
+    assert ring["vs_native_mean"] == pytest.approx(10.0)
     native = next(r for r in report["rows"] if r["algo"] == "native" and r["bytes"] == 4)
     assert native["vs_native"] == pytest.approx(1.0)
     wrong = [r for r in report["rows"] if r["algo"] == "naive"]
     assert wrong and all(r["vs_native"] is None for r in wrong)  # fast but wrong: no ratio
     assert all(r["vs_native_quartile"] is None for r in wrong)
+    assert all(r["vs_native_mean"] is None for r in wrong)
     json.dumps(report)  # the report is plain JSON
+
+
+def test_mean_ratio_interval_resamples_repeats_in_pairs() -> None:
+    # A slow spell hits both algorithms in the same rounds: resampled in pairs, every resample
+    # keeps the ratio at exactly 2 (resampled independently, it would swing widely).
+    native = [1.0, 9.0, 1.0, 1.0, 9.0, 1.0, 9.0, 1.0]
+    assert mean_ratio_interval(native, [t / 2 for t in native]) == pytest.approx((2.0, 2.0))
+    # Unpaired noise: the interval holds the point estimate and narrows with more repeats.
+    noise = itertools.cycle([0.7, 1.3, 1.0, 0.8, 1.2, 1.1, 0.9])
+    ring = [next(noise) for _ in range(700)]
+    native = [1.0] * 700
+    estimate = sum(native) / sum(ring)
+    low, high = mean_ratio_interval(native, ring)
+    assert low < estimate < high and high - low < 0.05
+    few_low, few_high = mean_ratio_interval(native[:35], ring[:35])
+    assert few_high - few_low > 2 * (high - low)
+    assert mean_ratio_interval(native, ring) == (low, high)  # seeded: the same run, the same text
+    with pytest.raises(ValueError, match="paired repeats"):
+        mean_ratio_interval([1.0, 2.0], [1.0])
 
 
 def test_table() -> None:

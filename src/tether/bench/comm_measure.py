@@ -123,8 +123,9 @@ def measure(
     progress: TextIO | None = None,
 ) -> dict[str, Any]:
     """Time every algorithm of ``args`` at every size on ``transport`` (collective: every rank
-    calls it). Returns the raw rows (meaningful on rank 0): per algorithm and size the median
-    time, the per-repeat times, the correct flag and the prediction."""
+    calls it). Returns the raw rows (meaningful on rank 0): per algorithm and size the median,
+    lower quartile and mean time over repeats, the per-repeat times, the correct flag and the
+    prediction."""
     import torch
 
     rank, world = transport.rank, transport.world_size
@@ -172,6 +173,7 @@ def measure(
                     "bytes": case.n_bytes,
                     "time_s": statistics.median(per_repeat),
                     "quartile_s": lower_quartile(per_repeat),
+                    "mean_s": statistics.fmean(per_repeat),
                     "times_s": per_repeat,
                     "iters": iters,
                     "repeats": repeats,

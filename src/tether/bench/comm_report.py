@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +16,10 @@ if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need no
 def finish_report(raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The raw rows of :func:`measure` with algbw, busbw and the ratio to native added.
 
-    ``vs_native`` is native's time over the algorithm's (above 1: faster than native), and
-    ``vs_native_quartile`` the same for the lower quartiles; both are left empty for an algorithm
-    whose result was wrong, so a fast wrong one never ranks well."""
+    ``vs_native`` is native's time over the algorithm's (above 1: faster than native),
+    ``vs_native_quartile`` and ``vs_native_mean`` the same for the lower quartiles and the means;
+    all are left empty for an algorithm whose result was wrong, so a fast wrong one never ranks
+    well."""
     kind, world = OPS[meta["op"]], int(meta["workers"])
     factor = busbw_factor(kind, world)
     native = {r["bytes"]: r for r in raw["rows"] if r["algo"] == "native"}
@@ -33,6 +35,7 @@ def finish_report(raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
                 "busbw_GBps": algbw * factor,
                 "vs_native": _ratio(reference, row, "time_s"),
                 "vs_native_quartile": _ratio(reference, row, "quartile_s"),
+                "vs_native_mean": _ratio(reference, row, "mean_s"),
             }
         )
     return {
@@ -42,11 +45,12 @@ def finish_report(raw: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         "timing": (
             "per repeat: barrier, then `iters` back-to-back calls timed and divided by iters; "
             "time of a repeat = max over ranks; time_s = median over repeats, quartile_s = "
-            "lower quartile over repeats (first repeat discarded as warm-up)"
+            "lower quartile, mean_s = mean (first repeat discarded as warm-up)"
         ),
         "units": {
             "time_s": "seconds",
             "quartile_s": "seconds",
+            "mean_s": "seconds",
             "algbw_GBps": "1e9 bytes/s",
             "busbw_GBps": "1e9 bytes/s",
         },
@@ -61,6 +65,33 @@ def _ratio(native: dict[str, Any] | None, row: dict[str, Any], key: str) -> floa
     if native is None or key not in row or not row[key] > 0:
         return None
     return float(native[key]) / float(row[key])
+
+
+def mean_ratio_interval(
+    reference: list[float],
+    times: list[float],
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """A percentile-bootstrap interval (Efron and Tibshirani, *An Introduction to the Bootstrap*,
+    1993, ch. 13) for ``mean(reference) / mean(times)``: how far the ratio of two algorithms'
+    mean times could move if the same run were repeated. The repeats were measured in pairs
+    (repeat i of every algorithm in the same interleaved round), so they are resampled in pairs:
+    a slow spell of the machine stays in both means, as it was."""
+    if len(reference) != len(times) or not times:
+        raise ValueError(
+            f"needs the same number of paired repeats, got {len(reference)} and {len(times)}"
+        )
+    draw = random.Random(seed)
+    n = len(times)
+    ratios = []
+    for _ in range(resamples):
+        picks = draw.choices(range(n), k=n)
+        ratios.append(sum(reference[i] for i in picks) / sum(times[i] for i in picks))
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
 
 
 TABLE_COLUMNS = (
