@@ -80,7 +80,8 @@ def goal(
     key: str = "time_s",
 ) -> tuple[bool, str]:
     """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes
-    (``key``: the median time, or ``quartile_s``, the lower quartile over repeats). Returns
+    (``key``: ``time_s``, the median over repeats, ``quartile_s``, their lower quartile, or
+    ``mean_s``, their mean). Returns
     (passed, a line with the worst ratio and the failing sizes)."""
     ratios = [
         (row[slow][key] / row[fast][key], n)
