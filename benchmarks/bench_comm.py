@@ -263,7 +263,8 @@ def write_markdown(
         f"({load[1]})",
         "- Times: median over repeats of the slowest rank's time per call (nccl-tests scheme, "
         "`tether bench comm --help`); `xnative` = native's time / the algorithm's (> 1 is faster); "
-        "lower quartiles: the time a quarter of the repeats beat.",
+        "lower quartiles: the time a quarter of the repeats beat. The ring parts' tables also show "
+        "means over repeats, on which the ring goal is judged.",
         "",
         "## Goals",
         "",
