@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ def launch_torch(workers: int, argv: Sequence[str], timeout_s: float, run_dir: P
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    from tether.launch.exits import stopped
     from tether.launch.local import describe_failures, local_launch_config
 
     launch = local_launch_config(workers, "tether-bench", monitor_s=0.1)
@@ -43,11 +43,7 @@ def launch_torch(workers: int, argv: Sequence[str], timeout_s: float, run_dir: P
         message, ranks = describe_failures(error, run_dir / "failures.log")
         raise WorkerFailure(_hung_ranks(run_dir, timeout_s) or message, ranks) from None
     except SignalException as stop:  # we were told to stop (Ctrl-C, kill): so were the ranks
-        if stop.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise WorkerFailure(
-            f"stopped by {stop.sigval.name}; the workers were stopped", []
-        ) from None
+        raise stopped(stop) from None
     finally:
         _remove_empty_hang_files(run_dir)
 

@@ -22,7 +22,6 @@ import datetime
 import faulthandler
 import os
 import platform
-import signal
 import socket
 import sys
 import time
@@ -240,22 +239,9 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tether.launch.env import elastic_error_file
+    from tether.launch.exits import worker_exit_status
 
-    try:
-        run(argv)
-    except KeyboardInterrupt:  # the launcher is stopping the run
-        return 128 + signal.SIGINT
-    except TetherError as exc:
-        if elastic_error_file() is None:
-            print(f"tether: error: {exc}", file=sys.stderr)
-            return 2
-        return 1  # @record wrote it for the launcher, which reports it in one line
-    except Exception:
-        if elastic_error_file() is None:
-            raise
-        return 1
-    return 0
+    return worker_exit_status(lambda: run(argv))
 
 
 if __name__ == "__main__":

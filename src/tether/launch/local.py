@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import signal
 import socket
 import sys
 import uuid
@@ -28,6 +27,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from tether.config import TrainConfig
 from tether.errors import WorkerFailure
 from tether.launch.env import prepare_local_environment
+from tether.launch.exits import stopped
 from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
 from tether.launch.worker import run_worker
 from tether.methods import METHODS
@@ -124,13 +124,8 @@ def launch_local(config: TrainConfig, processes: int) -> None:
         if tolerant and run_dir is not None:
             _append(run_dir / "failures.log", failures_text(read_lost_records(run_dir)))
         raise WorkerFailure(message, ranks) from None
-    except SignalException as stop:
-        # The agent stopped the workers because we were told to stop (Ctrl-C, kill).
-        if stop.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise WorkerFailure(
-            f"stopped by {stop.sigval.name}; the workers were stopped", []
-        ) from None
+    except SignalException as stop:  # we were told to stop (Ctrl-C, kill): so were the ranks
+        raise stopped(stop) from None
     finally:
         if config.timeline and run_dir is not None:
             merge_after_run(run_dir)

@@ -6,11 +6,10 @@ resolved config that the local launcher wrote to a file.
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
-from tether.launch.env import elastic_error_file
+from tether.launch.exits import worker_exit_status
 from tether.launch.worker import run_worker
 
 
@@ -19,17 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m tether.launch.worker_main CONFIG.toml", file=sys.stderr)
         return 2
-    try:
-        run_worker(Path(args[0]).read_text())
-    except KeyboardInterrupt:  # the launcher is stopping the run (Ctrl-C): no traceback
-        return 128 + signal.SIGINT
-    except Exception:
-        if elastic_error_file() is None:
-            raise
-        # @record put the exception in the agent's error file; the launcher reports it in one
-        # line and keeps the traceback in the run directory, so do not print it here too.
-        return 1
-    return 0
+    return worker_exit_status(lambda: run_worker(Path(args[0]).read_text()))
 
 
 if __name__ == "__main__":
