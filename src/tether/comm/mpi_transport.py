@@ -214,17 +214,14 @@ class MPITransport(MessageProtocol):
         recvs: list[tuple[torch.Tensor, int]],
         tag: int,
     ) -> None:
-        """Post every receive then every send of one round (``MPI_Irecv``/``MPI_Isend``), then
-        ``MPI_Waitall``. Nonblocking calls make a round in which two ranks send to each other
+        """Post every receive then every send of one round (``MPI_Irecv``/``MPI_Isend``, by
+        :meth:`start_exchange`), then wait for all of them. Nonblocking calls make a round in which two ranks send to each other
         deadlock-free whatever the message size (MPI-3.1 section 3.7); receives go first so that
         arriving data lands in its buffer instead of MPI's unexpected-message queue. Receive
         buffers must be contiguous (they are views of the collective's flat tensor)."""
-        comm, byte, memory = self.comm, self.MPI.BYTE, self._memory
-        requests = [comm.Irecv([memory(b), byte], source=p, tag=tag) for b, p in recvs]
-        held = [t.contiguous() for t, _ in sends]  # alive until Waitall returns
-        for tensor, (_, peer) in zip(held, sends, strict=True):
-            requests.append(comm.Isend([memory(tensor), byte], dest=peer, tag=tag))
-        self.MPI.Request.Waitall(requests)
+        received, sent = self.start_exchange(sends, recvs, tag)
+        for work in received + sent:
+            work.wait()
 
     def start_exchange(
         self,
