@@ -81,8 +81,8 @@ def goal(
 ) -> tuple[bool, str]:
     """PASS when ``slow``'s time / ``fast``'s time >= ``at_least`` at every size >= min_bytes
     (``key``: ``time_s``, the median over repeats, ``quartile_s``, their lower quartile, or
-    ``mean_s``, their mean). Returns
-    (passed, a line with the worst ratio and the failing sizes)."""
+    ``mean_s``, their mean). Returns (passed, a line with the worst ratio and the failing
+    sizes)."""
     ratios = [
         (row[slow][key] / row[fast][key], n)
         for n, row in sorted(by_size(report).items())
