@@ -141,8 +141,8 @@ def run_ring(args: argparse.Namespace, tmp: Path, workers: int, name: str) -> di
         "| x native, medians | x native, lower quartiles |",
         "|---|---|---|---|---|---|---|",
     ]
-    intervals = {}
-    for n, row in sorted(by_size(report).items()):
+    rows, intervals = by_size(report), {}
+    for n, row in sorted(rows.items()):
         ring, native = row["ring"], row["native"]
         low, high = intervals[n] = mean_ratio_interval(native["times_s"], ring["times_s"])
         lines.append(
@@ -151,7 +151,7 @@ def run_ring(args: argparse.Namespace, tmp: Path, workers: int, name: str) -> di
             f"| {ring['vs_native']:.2f} | {ring['vs_native_quartile']:.2f} |"
         )
     passed, detail = goal(report, "ring", "native", MiB, 0.8, "mean_s")
-    worst = min(intervals, key=lambda n: by_size(report)[n]["ring"]["vs_native_mean"])
+    worst = min(intervals, key=lambda n: rows[n]["ring"]["vs_native_mean"])
     detail += f"; 95% interval there {intervals[worst][0]:.2f}x-{intervals[worst][1]:.2f}x"
     detail += f"; medians: {goal(report, 'ring', 'native', MiB, 0.8)[1]}"
     detail += f"; lower quartiles: {goal(report, 'ring', 'native', MiB, 0.8, 'quartile_s')[1]}"

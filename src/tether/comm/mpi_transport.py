@@ -215,10 +215,11 @@ class MPITransport(MessageProtocol):
         tag: int,
     ) -> None:
         """Post every receive then every send of one round (``MPI_Irecv``/``MPI_Isend``, by
-        :meth:`start_exchange`), then wait for all of them. Nonblocking calls make a round in which two ranks send to each other
-        deadlock-free whatever the message size (MPI-3.1 section 3.7); receives go first so that
-        arriving data lands in its buffer instead of MPI's unexpected-message queue. Receive
-        buffers must be contiguous (they are views of the collective's flat tensor)."""
+        :meth:`start_exchange`), then wait for all of them. Nonblocking calls make a round in
+        which two ranks send to each other deadlock-free whatever the message size (MPI-3.1
+        section 3.7); receives go first so that arriving data lands in its buffer instead of
+        MPI's unexpected-message queue. Receive buffers must be contiguous (they are views of
+        the collective's flat tensor)."""
         received, sent = self.start_exchange(sends, recvs, tag)
         for work in received + sent:
             work.wait()

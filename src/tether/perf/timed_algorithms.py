@@ -92,9 +92,10 @@ def time_algorithms(
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
         rounds = ROUNDS if n_bytes < LARGE_BYTES else LARGE_ROUNDS
         mine: dict[str, list[float]] = {name: [] for name in names}
+        calls = {name: partial(algorithms[name].run, kind, buf, comm=transport) for name in names}
         for round_ in range(rounds + 1):  # round 0 sets up connections and buffers, untimed
             for name in rotated(names, round_):
-                call = partial(algorithms[name].run, kind, buf, comm=transport)
+                call = calls[name]
                 if n_bytes < LARGE_BYTES:
                     call()
                 transport.barrier()
