@@ -149,6 +149,16 @@ def _transport_calls(t: MPITransport, checks: Checks) -> None:
     chunk = torch.arange(10.0) if rank == 1 else torch.zeros(10)
     t.broadcast(chunk[::2], 1, async_op=True).wait()
     checks.expect(torch.equal(chunk[::2], torch.arange(0.0, 10.0, 2)), "async strided broadcast")
+    # a strided send goes as a contiguous copy that only its request holds until completion
+    after, before = (rank + 1) % world, (rank - 1) % world
+    incoming = torch.zeros(10)
+    received, sent = t.start_exchange(
+        [((torch.arange(20.0) + 100 * rank)[::2], after)], [(incoming, before)], tag=77
+    )
+    for handle in received + sent:
+        handle.wait()
+    expected = torch.arange(0.0, 20.0, 2) + 100 * before
+    checks.expect(torch.equal(incoming, expected), "exchange of a strided tensor")
     # reduced chunks in 4 KiB pieces: the pipelined path of the schedule runner on MPI
     from tether.comm.collectives import base
 

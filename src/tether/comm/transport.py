@@ -141,7 +141,7 @@ class TorchTransport(MessageProtocol):
         first = sends[0][0] if sends else recvs[0][0] if recvs else None
         if first is None:
             return [], []
-        if first.device.type == "cpu":
+        if first.is_cpu:
             pg = self._cpu_p2p or self._cpu_point_to_point()
             received = [pg.recv([_wire(t)], p, tag) for t, p in recvs]
             return received, [pg.send([_wire(t)], p, tag) for t, p in sends]

@@ -85,7 +85,7 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
     assert flat.dim() == 1 and flat.is_contiguous(), "collectives run on flat contiguous tensors"
     assert schedule.world_size == transport.world_size, "schedule built for another group"
     plan = compile_plan(schedule, transport.rank, flat.numel(), flat.element_size(), PIECE_BYTES)
-    post_early = flat.device.type == "cpu"
+    post_early = flat.is_cpu  # (``device.type`` costs ~0.9 us, ``is_cpu`` ~0.1)
     posted: list | None = None  # this round's receive handles, when posted during the last one
     views = cached_views(plan, flat)
     fresh = views is None
@@ -197,5 +197,6 @@ class Collective:
     def execute(
         self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport
     ) -> None:
-        schedule = self.schedule(transport.world_size, flat.numel(), kind, root)
+        # ``run`` checked kind and root already (``schedule`` would check them again)
+        schedule = self.build(kind, transport.world_size, flat.numel(), root)
         run_schedule(schedule, flat, op, transport)

@@ -68,7 +68,11 @@ Entry = tuple[weakref.ref, int, Sequence[RoundPlan], list[RoundTensors]]
 
 
 def _cache() -> dict[int, Entry]:
-    return _local.__dict__.setdefault("views", {})
+    try:
+        return _local.views
+    except AttributeError:  # this thread's first call
+        _local.views = {}
+        return _local.views
 
 
 def cached_views(plan: Sequence[RoundPlan], flat: torch.Tensor) -> list[RoundTensors] | None:
