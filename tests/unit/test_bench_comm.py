@@ -13,7 +13,7 @@ import torch
 
 from tether.bench import comm, comm_measure
 from tether.bench.comm import busbw_factor, format_size, parse_size, parse_sizes, resolve_args
-from tether.bench.comm_measure import Case, iters_for, repeats_for
+from tether.bench.comm_measure import Case, repeats_for
 from tether.bench.comm_report import (
     finish_report,
     format_table,
@@ -24,6 +24,7 @@ from tether.bench.comm_report import (
 from tether.cli import main
 from tether.comm.collectives import collectives_for
 from tether.errors import TetherError
+from tether.perf.rounds import MAX_ITERS, iters_for
 
 MB = 1 << 20
 
@@ -83,7 +84,7 @@ def test_busbw_factors_are_nccl_tests() -> None:
 
 
 def test_fewer_repeats_for_large_messages_but_never_below_three() -> None:
-    assert iters_for(4) == comm.MAX_ITERS and iters_for(64 * MB) == 1
+    assert iters_for(4) == MAX_ITERS and iters_for(64 * MB) == 1
     assert repeats_for(4, 20) == 20
     assert repeats_for(4 * MB, 20) == 20
     assert repeats_for(16 * MB, 40) == 32  # 512 MiB of calls per size

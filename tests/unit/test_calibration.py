@@ -3,6 +3,7 @@ choice (native unless beaten by the margin), the model's predictions, the JSON r
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import threading
@@ -17,11 +18,13 @@ from tether.launch import affinity
 from tether.perf.calibration import VERSION, Calibration, cache_path
 from tether.perf.rounds import rotated
 from tether.perf.timed_algorithms import (
-    LARGE_ROUNDS,
     MARGIN,
-    ROUND_WINS,
-    ROUNDS,
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    SIGN_TEST_LEVEL,
     beats_clearly,
+    timed_sizes,
+    wins_needed,
 )
 
 
@@ -50,15 +53,30 @@ def test_measured_times_interpolate_log_log_and_scale_beyond() -> None:
 
 
 def test_a_clear_win_is_the_margin_in_the_median_and_most_paired_rounds() -> None:
-    for rounds in (ROUNDS, LARGE_ROUNDS):
+    for rounds in (MIN_ROUNDS, 9, 17, MAX_ROUNDS):
         native = [1.0] * rounds
         assert beats_clearly([0.5] * rounds, native)
         assert not beats_clearly([1.0 - MARGIN / 2] * rounds, native)  # within the margin
         # a median win carried by rounds in which native was slowed down is not clear
-        wins = ROUND_WINS[rounds]
+        wins = wins_needed(rounds)
         lucky = [0.5] * (wins - 1) + [1.5] * (rounds - wins + 1)
         assert statistics.median(lucky) <= 1 - MARGIN and not beats_clearly(lucky, native)
-    assert ROUND_WINS[ROUNDS] < ROUNDS  # one slow round of nine is forgiven
+        assert beats_clearly([0.5] * wins + [1.5] * (rounds - wins), native)
+
+
+def test_wins_needed_is_a_one_sided_sign_test() -> None:
+    assert [wins_needed(n) for n in (MIN_ROUNDS, 9, MAX_ROUNDS)] == [5, 8, 18]
+    for rounds in range(MIN_ROUNDS, MAX_ROUNDS + 1):
+        k = wins_needed(rounds)
+        tail = sum(math.comb(rounds, j) for j in range(k, rounds + 1)) / 2**rounds
+        looser = tail + math.comb(rounds, k - 1) / 2**rounds
+        assert tail <= SIGN_TEST_LEVEL < looser  # the smallest count within the level
+
+
+def test_timed_sizes_include_one_element_per_rank() -> None:
+    assert timed_sizes(4)[:3] == [4, 16, 32] and timed_sizes(2)[:3] == [4, 8, 32]
+    assert timed_sizes(8)[:3] == [4, 32, 256]  # already a power of 8: no duplicate
+    assert timed_sizes(4) == sorted(timed_sizes(4))
 
 
 def test_auto_leaves_native_only_with_clear_wins_on_both_sides() -> None:

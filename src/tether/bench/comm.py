@@ -66,13 +66,11 @@ SIZE_SYNTAX = (
 DEFAULT_SIZES = "4B:64MB"
 DEFAULT_REPEATS = 10
 DEFAULT_TIMEOUT_S = 600.0
-# A repeat times ITER_BYTES worth of calls (at most MAX_ITERS, at least one call); large messages
-# get REPEAT_BYTES worth of repeats, but never fewer than MIN_REPEATS. From 1 MiB a repeat is a
+# A repeat times tether.perf.rounds.iters_for calls back to back; large messages get
+# REPEAT_BYTES worth of repeats, but never fewer than MIN_REPEATS. From 1 MiB a repeat is a
 # single call, and on a loaded or oversubscribed machine single calls of gloo's point-to-point
 # are bimodal (some 2-3x the typical time): a median of 3-4 repeats, what 64 MiB per size gave
 # at 16 MiB, swung the 2-rank ring from 0.8x to 1.0x native between runs of the same code.
-ITER_BYTES = 256 << 10
-MAX_ITERS = 10
 REPEAT_BYTES = 512 << 20
 MIN_REPEATS = 3
 GB = 1e9  # nccl-tests' GB/s are 1e9 bytes per second

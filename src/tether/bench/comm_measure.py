@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tether.bench.comm import (
     ELEMENT_BYTES,
-    ITER_BYTES,
-    MAX_ITERS,
     MIN_REPEATS,
     REPEAT_BYTES,
     ROOT,
@@ -20,15 +18,10 @@ from tether.bench.comm import (
     format_size,
 )
 from tether.errors import TetherError
-from tether.perf.rounds import rotated
+from tether.perf.rounds import iters_for, rotated
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     import torch
-
-
-def iters_for(n_bytes: int) -> int:
-    """Calls per timed repeat: enough to amortise barrier skew for small messages."""
-    return max(1, min(MAX_ITERS, ITER_BYTES // n_bytes))
 
 
 def repeats_for(n_bytes: int, repeats: int) -> int:
