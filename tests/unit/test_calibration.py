@@ -23,6 +23,7 @@ from tether.perf.timed_algorithms import (
     MIN_ROUNDS,
     SIGN_TEST_LEVEL,
     beats_clearly,
+    contenders,
     timed_sizes,
     wins_needed,
 )
@@ -62,6 +63,13 @@ def test_a_clear_win_is_the_margin_in_the_median_and_most_paired_rounds() -> Non
         lucky = [0.5] * (wins - 1) + [1.5] * (rounds - wins + 1)
         assert statistics.median(lucky) <= 1 - MARGIN and not beats_clearly(lucky, native)
         assert beats_clearly([0.5] * wins + [1.5] * (rounds - wins), native)
+
+
+def test_only_algorithms_ahead_of_native_by_the_margin_are_timed_further() -> None:
+    native = [1.0, 1.1, 0.9, 1.0, 1.2]
+    samples = {"native": native, "naive": [0.5] * 5, "ring": [0.9] * 5, "binomial": [0.7] * 5}
+    assert contenders(samples) == ["naive", "binomial"]  # ring is within the margin
+    assert contenders({"native": native, "ring": [2.0] * 5}) == []
 
 
 def test_wins_needed_is_a_one_sided_sign_test() -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
 # one float32 per rank (:func:`timed_sizes`).
 TIMED_SIZES = tuple(4 * 8**k for k in range(8))  # 4 B .. 8 MiB
 LARGE_BYTES = 1 << 20  # from here on no untimed call before each timed round
-# Timed rounds per algorithm and size: as many as fit in ROUND_BUDGET_S (many for cheap small
-# calls on few ranks, where the noise is worst), within MIN_ROUNDS..MAX_ROUNDS.
+# Timed rounds per size: MIN_ROUNDS of every algorithm, then, for those whose median beats
+# native's by MARGIN so far (the contenders) and native, as many more as fit in ROUND_BUDGET_S,
+# up to MAX_ROUNDS in all. Where nothing contends (most sizes; every size on MPI) the size costs
+# MIN_ROUNDS; where something does, its rounds no longer carry the slow algorithms (2 ranks,
+# small messages: ring and halving-doubling at 2-3 ms a call left room for 5-6 rounds in 0.6 s).
 MIN_ROUNDS = 5
 MAX_ROUNDS = 25
 ROUND_BUDGET_S = 0.6
@@ -89,10 +93,10 @@ def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) 
 def time_algorithms(
     transport: Transport, kind: str, alpha: float, beta: float, ranks_per_node: int
 ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[float]]]:
-    """Every candidate algorithm's time per call (the median over the rounds, 5 to 25 of them
-    (:func:`_rounds_that_fit`), of the slowest rank's time) at each of :func:`timed_sizes` up to the
-    first where a call takes :data:`SLOW_CALL_S`, and the sizes where each beat native clearly
-    (:func:`beats_clearly`).
+    """Every candidate algorithm's time per call (the median over its rounds of the slowest
+    rank's time: :data:`MIN_ROUNDS`, up to :data:`MAX_ROUNDS` for contenders) at each of
+    :func:`timed_sizes` up to the first where a call takes :data:`SLOW_CALL_S`, and the sizes
+    where each beat native clearly (:func:`beats_clearly`).
 
     At each size the rounds are interleaved across the algorithms (round 1 of every algorithm,
     then round 2, ...; each round in a rotated order), so a slow spell of the machine hits them
@@ -108,46 +112,69 @@ def time_algorithms(
     clear_wins: dict[str, list[float]] = {name: [] for name in names if name != "native"}
     for n_bytes in timed_sizes(transport.world_size):
         buf = torch.zeros(max(1, n_bytes // 4), dtype=torch.float32)
-        mine: dict[str, list[float]] = {name: [] for name in names}
         calls = {name: partial(algorithms[name].run, kind, buf, comm=transport) for name in names}
-        iters = iters_for(n_bytes)  # as tether bench comm times a repeat, by which auto is judged
-        rounds, round_ = MIN_ROUNDS, 0
-        while round_ <= rounds:  # round 0 sets up connections and buffers, untimed
-            began = time.perf_counter()
-            for name in rotated(names, round_):
-                call = calls[name]
-                if n_bytes < LARGE_BYTES:
-                    call()
-                transport.barrier()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    call()
-                mine[name].append((time.perf_counter() - start) / iters)
-            if round_ == 1:  # the first timed round tells how many fit in the budget
-                rounds = _rounds_that_fit(time.perf_counter() - began, transport)
-            round_ += 1
-        # one all-reduce per size, not per call: a collective ends when its last rank does
-        slowest = torch.tensor([mine[name][1:] for name in names], dtype=torch.float64)
-        transport.all_reduce(slowest, "max")
-        samples = {name: [float(t) for t in row] for name, row in zip(names, slowest, strict=True)}
+        timer = partial(_timed_rounds, calls, transport, n_bytes)
+        # every algorithm, after an untimed round that sets up connections and buffers
+        samples, spent = timer(names, MIN_ROUNDS + 1)
+        samples = {name: times[1:] for name, times in samples.items()}
+        # then more rounds for those that may beat native clearly, as many as fit the budget
+        ahead = contenders(samples) if "native" in samples else []
+        if ahead:
+            timed = [*ahead, "native"]
+            round_s = sum(spent[name] for name in timed) / (MIN_ROUNDS + 1)
+            extra = min(MAX_ROUNDS - MIN_ROUNDS, int(ROUND_BUDGET_S // max(round_s, 1e-9)))
+            if extra:
+                more, _ = timer(timed, extra, MIN_ROUNDS + 1)
+                for name in timed:
+                    samples[name] += more[name]
         for name in names:
             points[name].append((float(n_bytes), statistics.median(samples[name])))
-        if "native" in samples:
-            for name in clear_wins:
-                if beats_clearly(samples[name], samples["native"]):
-                    clear_wins[name].append(float(n_bytes))
+        for name in ahead:
+            if beats_clearly(samples[name], samples["native"]):
+                clear_wins[name].append(float(n_bytes))
         if max(p[-1][1] for p in points.values()) > SLOW_CALL_S:
             break
     return points, clear_wins
 
 
-def _rounds_that_fit(round_s: float, transport: Transport) -> int:
-    """Timed rounds for a size whose first timed round took ``round_s`` on this rank: as many as
-    fit in :data:`ROUND_BUDGET_S` on the slowest rank (every rank must run the same number),
-    within :data:`MIN_ROUNDS`..:data:`MAX_ROUNDS`."""
-    slowest = torch.tensor([round_s], dtype=torch.float64)
+def _timed_rounds(
+    calls: Mapping[str, Callable[[], None]],
+    transport: Transport,
+    n_bytes: int,
+    names: list[str],
+    rounds: int,
+    first_round: int = 0,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """``rounds`` interleaved rounds of ``names`` (the order rotated from round to round,
+    counting from ``first_round``): per algorithm, the slowest rank's time per call in each
+    round, and the slowest rank's wall time spent on it in all (untimed call and barrier
+    included). One all-reduce for all: a collective ends when its last rank does."""
+    iters = iters_for(n_bytes)  # as tether bench comm times a repeat, by which auto is judged
+    mine: dict[str, list[float]] = {name: [] for name in names}
+    spent = dict.fromkeys(names, 0.0)
+    for round_ in range(first_round, first_round + rounds):
+        for name in rotated(names, round_):
+            call, began = calls[name], time.perf_counter()
+            if n_bytes < LARGE_BYTES:
+                call()
+            transport.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            now = time.perf_counter()
+            mine[name].append((now - start) / iters)
+            spent[name] += now - began
+    slowest = torch.tensor([[*mine[name], spent[name]] for name in names], dtype=torch.float64)
     transport.all_reduce(slowest, "max")
-    return int(min(MAX_ROUNDS, max(MIN_ROUNDS, ROUND_BUDGET_S // max(float(slowest), 1e-9))))
+    rows = {name: [float(t) for t in row] for name, row in zip(names, slowest, strict=True)}
+    return {name: row[:-1] for name, row in rows.items()}, {n: r[-1] for n, r in rows.items()}
+
+
+def contenders(samples: dict[str, list[float]]) -> list[str]:
+    """The algorithms whose median so far beats native's by :data:`MARGIN`: the only ones that
+    may turn out clear wins, so the only ones timed further."""
+    bar = statistics.median(samples["native"]) * (1 - MARGIN)
+    return [n for n, t in samples.items() if n != "native" and statistics.median(t) <= bar]
 
 
 def wins_needed(rounds: int) -> int:
