@@ -173,8 +173,13 @@ def _timed_rounds(
 def contenders(samples: dict[str, list[float]]) -> list[str]:
     """The algorithms whose median so far beats native's by :data:`MARGIN`: the only ones that
     may turn out clear wins, so the only ones timed further."""
-    bar = statistics.median(samples["native"]) * (1 - MARGIN)
-    return [n for n, t in samples.items() if n != "native" and statistics.median(t) <= bar]
+    native = samples["native"]
+    return [n for n, t in samples.items() if n != "native" and _median_ahead(t, native)]
+
+
+def _median_ahead(times: list[float], native: list[float]) -> bool:
+    """Whether the median of ``times`` is at least :data:`MARGIN` under native's."""
+    return statistics.median(times) <= statistics.median(native) * (1 - MARGIN)
 
 
 def wins_needed(rounds: int) -> int:
@@ -194,4 +199,4 @@ def beats_clearly(times: list[float], native: list[float]) -> bool:
     median faster by :data:`MARGIN`, and faster in :func:`wins_needed` of the rounds."""
     wins = sum(t < n for t, n in zip(times, native, strict=True))
     needed = wins_needed(len(times))
-    return statistics.median(times) <= statistics.median(native) * (1 - MARGIN) and wins >= needed
+    return _median_ahead(times, native) and wins >= needed
