@@ -7,6 +7,8 @@ Parts, each one ``tether bench comm`` subprocess whose ``comm.json`` is read bac
    size (auto may pick native). ``ring`` and ``ring-2``: ring against native alone from 1 MiB,
    with ``--ring-repeats`` (500) repeats. Goal: ring >= 0.8x native at >= 1 MiB, on the mean
    time per call (see ``run_ring``), with a bootstrap interval, medians and lower quartiles.
+   ``allgather``: every all-gather algorithm and native, 4 B to 64 MiB (the gathered size) on
+   ``--workers`` ranks. Goal: ``auto`` >= 1.0x native at every size, as for all-reduce.
 2. ``broadcast``: pipelined chain vs binomial tree (and native) from 1 MiB to 64 MiB on 4 ranks of
    this machine (recorded, no goal: every "link" here is a copy by the same 2 cores), and
    ``broadcast-nodes``: the same on 4 emulated nodes x 1 rank with tbf-capped links. Goal there:
@@ -50,6 +52,7 @@ PARTS = (
     "allreduce-2",
     "ring",
     "ring-2",
+    "allgather",
     "broadcast",
     "broadcast-nodes",
     "nodes",
@@ -57,7 +60,7 @@ PARTS = (
 )
 
 
-def auto_choices(report: dict[str, Any], workers: int) -> dict[int, str]:
+def auto_choices(report: dict[str, Any], workers: int, kind: str) -> dict[int, str]:
     """What ``auto`` ran at each size: the choice of the calibration the run just measured."""
     from tether.perf.calibration import Calibration, cache_path
 
@@ -65,10 +68,12 @@ def auto_choices(report: dict[str, Any], workers: int) -> dict[int, str]:
     if not path.exists():
         return {}
     calibration = Calibration.from_json(path.read_text())
-    return {n: calibration.choose("all_reduce", n) for n in sorted(by_size(report))}
+    return {n: calibration.choose(kind, n) for n in sorted(by_size(report))}
 
 
-def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) -> list[tuple]:
+def auto_goals(
+    report: dict[str, Any], choices: dict[int, str], workers: int, op: str
+) -> list[tuple]:
     """auto against native, separately where auto ran another algorithm (the choice is what is
     tested) and where it ran native itself (the same code: the ratio is the run's noise)."""
     both = {n: row for n, row in by_size(report).items() if "auto" in row and "native" in row}
@@ -86,7 +91,7 @@ def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) ->
         below = [f"{human(n)} ({choices[n]}, {r:.2f}x)" for n, r in sorted(other.items()) if r < 1]
         goals.append(
             (
-                f"auto >= 1.0x native where auto chose another algorithm ({workers} ranks)",
+                f"{op}: auto >= 1.0x native where auto chose another algorithm ({workers} ranks)",
                 not below,
                 f"{len(other) - len(below)} of {len(other)} sizes; worst {other[worst]:.2f}x at "
                 f"{human(worst)}" + (f"; below: {', '.join(below)}" if below else ""),
@@ -97,7 +102,7 @@ def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) ->
         quartile = f"{min(quartiles.values()):.2f}x to {max(quartiles.values()):.2f}x"
         goals.append(
             (
-                f"auto = native where auto chose native ({workers} ranks; noise check)",
+                f"{op}: auto = native where auto chose native ({workers} ranks; noise check)",
                 None,
                 f"{len(same)} sizes, measured ratio {spread} (lower quartiles: {quartile}): "
                 "the same code timed twice",
@@ -106,24 +111,31 @@ def auto_goals(report: dict[str, Any], choices: dict[int, str], workers: int) ->
     return goals
 
 
-def run_allreduce(args: argparse.Namespace, tmp: Path, workers: int, name: str) -> dict[str, Any]:
-    argv = ["--op", "allreduce", "--sizes", sizes(4, 64 * MiB), "--workers", str(workers)]
+def run_sweep(
+    args: argparse.Namespace, tmp: Path, workers: int, name: str, op: str = "allreduce"
+) -> dict[str, Any]:
+    """Every algorithm of ``op`` and native, 4 B to 64 MiB, and auto's goal."""
+    argv = ["--op", op, "--sizes", sizes(4, 64 * MiB), "--workers", str(workers)]
     argv += ["--repeats", str(args.repeats), "--recalibrate"]  # auto chooses by a fresh one
     report, shown, seconds = bench(argv, tmp / name, args.timeout)
-    choices = auto_choices(report, workers)
-    goals = auto_goals(report, choices, workers)
+    choices = auto_choices(report, workers, "all_gather" if op == "allgather" else "all_reduce")
+    goals = auto_goals(report, choices, workers, op)
     picks = ", ".join(f"{human(n)}: {algo}" for n, algo in choices.items())
     table = [*time_table(report), "", f"`auto` ran (from this part's calibration): {picks}"]
     return {"report": report, "command": shown, "seconds": seconds, "goals": goals, "table": table}
 
 
 def part_allreduce(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    return run_allreduce(args, tmp, args.workers, "allreduce")
+    return run_sweep(args, tmp, args.workers, "allreduce")
 
 
 def part_allreduce_2(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Two ranks, one per core: the same comparison without oversubscription."""
-    return run_allreduce(args, tmp, 2, "allreduce-2")
+    return run_sweep(args, tmp, 2, "allreduce-2")
+
+
+def part_allgather(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    return run_sweep(args, tmp, args.workers, "allgather", "allgather")
 
 
 def run_ring(args: argparse.Namespace, tmp: Path, workers: int, name: str) -> dict[str, Any]:
@@ -283,6 +295,8 @@ def write_markdown(
         "ring": f"Ring vs native all-reduce, {args.workers} ranks, {args.ring_repeats} repeats "
         "(the ring goal)",
         "ring-2": f"Ring vs native all-reduce, 2 ranks, {args.ring_repeats} repeats (the ring goal)",
+        "allgather": f"All-gather, {args.workers} ranks on this machine (gloo over loopback; "
+        "size = the gathered output)",
         "broadcast": "Broadcast from rank 0, 4 ranks on this machine (no goal: see the notes)",
         "broadcast-nodes": f"Broadcast from rank 0 on 4 emulated nodes x 1 rank, links capped at "
         f"{args.link_mbit:g} Mbit/s (tbf)",
@@ -326,6 +340,7 @@ def main() -> None:
         "allreduce-2": part_allreduce_2,
         "ring": part_ring,
         "ring-2": part_ring_2,
+        "allgather": part_allgather,
         "broadcast": part_broadcast,
         "broadcast-nodes": part_broadcast_nodes,
         "nodes": part_nodes,

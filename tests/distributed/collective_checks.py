@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from tether.comm.chunks import chunk_bounds
+
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.bfloat16: 2.0**-8}
 
 
@@ -35,3 +37,9 @@ def close(ours: torch.Tensor, ref: torch.Tensor, op: str, world: int, abs_sum) -
     u = UNIT_ROUNDOFF[ours.dtype]
     bound = 2 * (world * u / (1 - world * u)) * abs_sum / (world if op == "avg" else 1)
     return bool(((ours.double() - ref.double()).abs() <= bound).all())
+
+
+def gathered(inputs: list[torch.Tensor]) -> torch.Tensor:
+    """What an all-gather must leave on every rank: chunk r of rank r's input, for every r."""
+    bounds = chunk_bounds(inputs[0].numel(), len(inputs))
+    return torch.cat([x[lo:hi] for x, (lo, hi) in zip(inputs, bounds, strict=True)])

@@ -23,7 +23,7 @@ import traceback
 
 import torch
 
-from tests.distributed.collective_checks import Checks, close, sample
+from tests.distributed.collective_checks import Checks, close, gathered, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
 from tether.comm.header import MessageHeader, MessageKind, ProtocolError
@@ -51,6 +51,8 @@ def _run(t: MPITransport, collective, kind: str, data: torch.Tensor, op="sum", r
         collective.all_reduce(tensor, op, comm=t)
     elif kind == "reduce":
         collective.reduce(tensor, root, op, comm=t)
+    elif kind == "all_gather":
+        collective.all_gather(tensor, comm=t)
     else:
         collective.broadcast(tensor, root, comm=t)
     return tensor
@@ -118,6 +120,18 @@ def _broadcasts_and_reduces(t: MPITransport, checks: Checks) -> None:
                         case = f"{name} reduce P={world} n={n} {dtype} {op}"
                         checks.expect(close(ours, native, op, world, abs_sum), f"{case} vs native")
                         checks.expect(close(ours, exact, op, world, abs_sum), f"{case} vs exact")
+
+
+def _all_gathers(t: MPITransport, checks: Checks) -> None:
+    """Exact on every rank, MPI's own ``Allgatherv`` (uneven chunks, every dtype) included."""
+    world, rank = t.world_size, t.rank
+    for n in _lengths(world):
+        for dtype in DTYPES:
+            inputs = [sample(13, r, n, dtype) for r in range(world)]
+            expected = gathered(inputs)
+            for name in _names("all_gather"):
+                ours = _run(t, name, "all_gather", inputs[rank])
+                checks.expect(torch.equal(ours, expected), f"{name} all_gather n={n} {dtype}")
 
 
 def _transport_calls(t: MPITransport, checks: Checks) -> None:
@@ -275,7 +289,7 @@ def main(mode: str) -> int:
     torch.set_num_threads(1)
     t = MPITransport()
     checks = Checks()
-    phases = [_all_reduces, _broadcasts_and_reduces, _transport_calls]
+    phases = [_all_reduces, _broadcasts_and_reduces, _all_gathers, _transport_calls]
     if mode == "all":
         assert t.world_size >= 3, "the protocol checks need 3 ranks"
         phases.append(protocol)

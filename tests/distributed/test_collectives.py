@@ -11,23 +11,28 @@ and 3.2e-2 in bf16. Our algorithms must also leave every rank bitwise identical.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.collective_checks import Checks, close, sample
+from tests.distributed.collective_checks import Checks, close, gathered, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
+from tether.comm.collectives.auto import Auto
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.errors import TetherError
 from tether.launch.spawn import run_spawned
+from tether.perf.calibration import Calibration
+from tether.perf.timed_algorithms import candidates
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 ALL_REDUCE = [n for n in collectives_for("all_reduce") if n not in ("naive", "native")]
 BROADCAST = [COLLECTIVES.get(n) for n in collectives_for("broadcast") if n != "native"]
 BROADCAST.append(Chain(chunks=5))  # uneven chunks, and more chunks than elements for short n
+ALL_GATHER = collectives_for("all_gather")  # native included: its padded path for uneven chunks
 
 
 def _node_splits(world: int) -> list[Hierarchical]:
@@ -55,6 +60,8 @@ def _run(name, kind, data, op="sum", root=0, group=None) -> torch.Tensor:
         collective.all_reduce(tensor, op, comm=group)
     elif kind == "reduce":
         collective.reduce(tensor, root, op, comm=group)
+    elif kind == "all_gather":
+        collective.all_gather(tensor, comm=group)
     else:
         collective.broadcast(tensor, root, comm=group)
     return tensor
@@ -109,6 +116,25 @@ def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
                     if rank == root:
                         ok = close(ours, native, op, world, abs_sum)
                         checks.expect(ok, f"{name} reduce P={world} n={n} {dtype} {op}")
+
+
+def _all_gathers(rank: int, world: int, checks: Checks) -> None:
+    """Exact, on every rank, for lengths below P, not divisible by P and 1M elements; the other
+    ranks' chunks of this rank's input hold other values, which must all be overwritten."""
+    # an all-gather only moves bytes: every dtype at one length, float32 at the others
+    cases = [(n, torch.float32) for n in (*_lengths(world), 1_000_000)]
+    cases += [(world + 4, dtype) for dtype in DTYPES if dtype != torch.float32]
+    for seed, (n, dtype) in enumerate(cases):
+        inputs = [sample(100 + seed, r, n, dtype) for r in range(world)]
+        expected = gathered(inputs)
+        for name in ALL_GATHER:
+            ours = _run(name, "all_gather", inputs[rank])
+            checks.expect(torch.equal(ours, expected), f"{name} all_gather P={world} n={n} {dtype}")
+    matrix = torch.full((3, world), -1.0).t()  # not contiguous; chunk r is (logical) row r
+    matrix[rank] = float(rank)
+    COLLECTIVES.get("ring").all_gather(matrix)
+    want = torch.arange(float(world)).unsqueeze(1).expand(world, 3)
+    checks.expect(torch.equal(matrix, want), "non-contiguous all_gather")
 
 
 def _odd_cases(rank: int, world: int, checks: Checks) -> None:
@@ -172,11 +198,44 @@ def _reused_buffers(rank: int, world: int, checks: Checks) -> None:
         checks.expect(torch.equal(kept, old), f"{name}: the swapped-out storage was written")
 
 
+# Size bands (bytes) of the scripted calibration below: in band i auto runs candidate i mod k.
+BANDS = (4, 16, 256, 8192, 262_144, 1 << 21, 1 << 24)
+
+
+def _scripted_calibration(world: int) -> Calibration:
+    """A calibration in which every candidate of every kind beats native clearly across one
+    band of sizes, so that ``auto`` hands the lengths checked here to each of them in turn (and
+    to native above the last band). A real calibration, timed on the group, is what
+    test_reducer_and_auto.py and the unit tests check; timing one here for 2, 3 and 4 ranks
+    would cost ~45 s of suite time for choices that change from run to run."""
+    measured: dict = {}
+    clear_wins: dict = {}
+    for kind in Auto.kinds:
+        names = candidates(kind, world, world)
+        ours = [n for n in names if n != "native"]
+        measured[kind] = {"native": [(float(b), 1.0) for b in BANDS]}
+        clear_wins[kind] = {}
+        for i, (low, high) in enumerate(itertools.pairwise(BANDS)):
+            name = ours[i % len(ours)]
+            measured[kind].setdefault(name, []).extend([(float(low), 0.5), (float(high), 0.5)])
+            clear_wins[kind].setdefault(name, []).extend([float(low), float(high)])
+        for points in measured[kind].values():
+            points.sort()
+    return Calibration(world, world, 1e-4, 1e-9, 1e-10, 1e-4, 1e-9, measured, clear_wins)
+
+
 def _everything(rank: int, world: int) -> dict:
     start = time.perf_counter()
     checks = Checks()
+    auto = COLLECTIVES.get("auto")
+    assert isinstance(auto, Auto)
+    auto.calibration = _scripted_calibration(world)
+    sizes = (8, 40, 4000, 40_000, 400_000)  # inside the first five bands
+    picked = {auto.calibration.choose("all_reduce", n) for n in sizes}
+    checks.expect(len(picked) == len(sizes), f"auto would run only {sorted(picked)}")
     _all_reduces(rank, world, checks)
     _broadcasts_and_reduces(rank, world, checks)
+    _all_gathers(rank, world, checks)
     _odd_cases(rank, world, checks)
     _pipelined_pieces(rank, world, checks)
     _reused_buffers(rank, world, checks)
@@ -185,9 +244,8 @@ def _everything(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_collective_against_naive_and_native(
-    world: int, tmp_path, monkeypatch: pytest.MonkeyPatch
+    world: int,
 ) -> None:
-    monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path))  # auto calibrates into it
     results = run_spawned(_everything, world, timeout_s=30)
     for rank, result in enumerate(results):
         assert result["failures"] == [], f"rank {rank}: {result['failures'][:10]}"

@@ -100,7 +100,8 @@ def test_default_algorithms_are_every_one_implementing_the_op() -> None:
     assert list(args.algos) == collectives_for("all_reduce") and "native" in args.algos
     assert args.kind == "all_reduce" and args.sizes == (4, 8, 16)
     assert list(resolve_args("broadcast", None, "4B").algos) == collectives_for("broadcast")
-    assert resolve_args("allgather", None, "4B").algos == ("native",)
+    gather = resolve_args("allgather", None, "4B").algos
+    assert gather == ("naive", "ring", "recursive-doubling", "binomial", "native")
     assert resolve_args("allreduce", "native,ring,native", "4B").algos == ("native", "ring")
 
 
@@ -110,7 +111,7 @@ def test_default_algorithms_are_every_one_implementing_the_op() -> None:
         ({"op": "scatter"}, "unknown --op 'scatter'; valid ops: allreduce, broadcast, reduce"),
         ({"algos": "rnig"}, "unknown collective 'rnig'; valid collectives: "),
         ({"algos": "chain"}, "collective 'chain' does not implement allreduce; algorithms for"),
-        ({"op": "allgather", "algos": "ring"}, "no algorithm of ours implements it yet"),
+        ({"op": "allgather", "algos": "chain"}, "collective 'chain' does not implement allgather"),
         ({"transport": "nccl"}, "unknown --transport 'nccl'"),
         ({"repeats": 0}, "--repeats must be >= 1"),
         ({"timeout_s": 0}, "--timeout must be > 0"),
@@ -188,9 +189,9 @@ def _run_case(kind: str, world: int, n_bytes: int) -> list[Case]:
         for c in cases:
             c.buf.copy_(total)
     elif kind == "all_gather":
-        gathered = torch.cat([c.init for c in cases])
+        gathered = torch.cat([c.init.view(world, -1)[c.rank] for c in cases])
         for c in cases:
-            c.out.copy_(gathered)
+            c.buf.copy_(gathered)
     return cases
 
 
@@ -199,13 +200,15 @@ def _run_case(kind: str, world: int, n_bytes: int) -> list[Case]:
 def test_expected_result_is_the_exact_collective(kind: str, world: int) -> None:
     cases = _run_case(kind, world, 4 * 1000)
     assert all(c.check() for c in cases)
-    cases[1].out[7] += 1  # one wrong element on one rank
+    cases[1].buf[7] += 1  # one wrong element on one rank
     assert not cases[1].check() and cases[0].check()
 
 
 def test_all_gather_size_is_the_gathered_output() -> None:
     case = Case("all_gather", 4 * 1024, 1, 4, torch.device("cpu"))
-    assert case.buf.numel() == 256 and case.out.numel() == 1024 and case.n_bytes == 4096
+    assert case.buf.numel() == 1024 and case.n_bytes == 4096
+    assert (case.buf[256:512] > 0).all() and (case.buf[:256] == -1).all()  # only its own chunk
+    assert not case.check()  # before the all-gather
     odd = Case("all_gather", 4 * 10, 0, 3, torch.device("cpu"))  # 10 elements, 3 ranks
     assert odd.n_bytes == 4 * 9  # whole elements per rank, as bytes measured
 
@@ -239,10 +242,10 @@ class OneRank:
 def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
     real = comm_measure.collective_call
 
-    def call(kind: str, algo: str, case: Case, transport: Any, all_gather: Any) -> Any:
+    def call(kind: str, algo: str, case: Case, transport: Any) -> Any:
         if algo == "ring":  # a "fast" algorithm that doubles instead of summing over one rank
             return lambda: case.buf.mul_(2)
-        return real(kind, algo, case, transport, all_gather)
+        return real(kind, algo, case, transport)
 
     monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "ring,native", "4B,1KB", repeats=3, predict=False)
@@ -269,14 +272,14 @@ def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
 def test_algorithm_refusing_the_group_is_skipped(monkeypatch) -> None:
     real = comm_measure.collective_call
 
-    def call(kind: str, algo: str, case: Case, transport: Any, all_gather: Any) -> Any:
+    def call(kind: str, algo: str, case: Case, transport: Any) -> Any:
         if algo == "halving-doubling":
 
             def refuse() -> None:
                 raise TetherError("needs a power-of-two group")
 
             return refuse
-        return real(kind, algo, case, transport, all_gather)
+        return real(kind, algo, case, transport)
 
     monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "halving-doubling,native", "4B,8B", predict=False)

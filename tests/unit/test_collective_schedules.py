@@ -8,14 +8,22 @@ import math
 import pytest
 import torch
 
+from tether.comm.chunks import chunk_bounds
 from tether.comm.collectives import COLLECTIVES, Schedule, Step, collectives_for, cost, simulate
 from tether.comm.collectives.base import check_op
-from tether.comm.collectives.binomial import binomial_broadcast, binomial_reduce
+from tether.comm.collectives.binomial import (
+    binomial_all_gather,
+    binomial_broadcast,
+    binomial_reduce,
+)
 from tether.comm.collectives.chain import chain_broadcast, chain_time, choose_chunks
 from tether.comm.collectives.halving_doubling import halving_doubling_all_reduce
-from tether.comm.collectives.naive import naive_all_reduce
-from tether.comm.collectives.recursive_doubling import recursive_doubling_all_reduce
-from tether.comm.collectives.ring import ring_all_reduce
+from tether.comm.collectives.naive import naive_all_gather, naive_all_reduce
+from tether.comm.collectives.recursive_doubling import (
+    recursive_doubling_all_gather,
+    recursive_doubling_all_reduce,
+)
+from tether.comm.collectives.ring import ring_all_gather, ring_all_reduce
 from tether.errors import TetherError
 
 WORLDS = range(1, 10)
@@ -58,6 +66,45 @@ def test_reduce_schedules_sum_at_the_root(name: str, world: int) -> None:
         inputs = _inputs(world, 7)
         out = simulate(COLLECTIVES.get(name).schedule(world, 7, "reduce", root), inputs)
         assert torch.equal(out[root], torch.stack(inputs).sum(0))
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in collectives_for("all_gather") if n not in ("native", "auto")]
+)
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_gather_schedules_give_every_rank_every_chunk(name: str, world: int) -> None:
+    for n in sorted({1, max(world - 1, 1), 7, 13, 64}):
+        bounds = chunk_bounds(n, world)
+        inputs = [torch.full((n,), -1.0) for _ in range(world)]
+        for r, (lo, hi) in enumerate(bounds):
+            inputs[r][lo:hi] = torch.arange(lo, hi, dtype=torch.float64)
+        out = simulate(COLLECTIVES.get(name).schedule(world, n, "all_gather"), inputs)
+        want = torch.arange(n, dtype=torch.float64)
+        assert all(torch.equal(t, want) for t in out), (name, world, n)
+
+
+@pytest.mark.parametrize("world", range(2, 10))
+def test_all_gather_shapes_and_costs(world: int) -> None:
+    ring = ring_all_gather(world)
+    assert ring.num_rounds == world - 1
+    assert ring.links() == {(i, (i + 1) % world) for i in range(world)}
+    # each rank sends every chunk but the one it receives last: (P-1)/P of the vector
+    n = world * 250
+    assert ring.elements_sent(n) == [n - 250] * world
+    assert cost(ring, 1000.0, 1.0, 0.01, 5.0) == pytest.approx(
+        (world - 1) * (1 + 1000 / world * 0.01)
+    )
+    levels = (world - 1).bit_length()  # ceil(log2 P)
+    assert binomial_all_gather(world).num_rounds == 2 * levels
+    assert naive_all_gather(world).num_rounds == 2 * (world - 1)
+    doubling = recursive_doubling_all_gather(world)
+    fold = 0 if world & (world - 1) == 0 else 2  # one round in, one out
+    assert doubling.num_rounds == world.bit_length() - 1 + fold
+    if fold == 0:  # log2(P) rounds moving (P-1)/P of the vector, like the ring
+        assert doubling.elements_sent(n) == [n - 250] * world
+        assert cost(doubling, 1000.0, 1.0, 0.01, 5.0) == pytest.approx(
+            math.log2(world) + (world - 1) / world * 1000 * 0.01
+        )
 
 
 @pytest.mark.parametrize("world", range(2, 10))

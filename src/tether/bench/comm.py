@@ -135,11 +135,10 @@ def busbw_factor(kind: str, world_size: int) -> float:
 
 def algorithms_for(op: str) -> list[str]:
     """The algorithms that implement ``op``: every registered collective of its kind (native
-    included); all-gather has only the backend's own so far."""
+    included)."""
     from tether.comm.collectives import collectives_for
 
-    kind = OPS[op]
-    return ["native"] if kind == "all_gather" else collectives_for(kind)
+    return collectives_for(OPS[op])
 
 
 @dataclass(frozen=True)
@@ -197,9 +196,8 @@ def resolve_args(
         for name in names:
             COLLECTIVES.get(name)  # unknown name: the registry's error lists the valid ones
             if name not in valid:
-                extra = " (no algorithm of ours implements it yet)" if op == "allgather" else ""
                 raise TetherError(
-                    f"collective {name!r} does not implement {op}{extra}; algorithms for "
+                    f"collective {name!r} does not implement {op}; algorithms for "
                     f"{op}: {', '.join(valid)}"
                 )
     return CommBenchArgs(
@@ -222,7 +220,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--op",
         default="allreduce",
         help="allreduce | broadcast | reduce | allgather (default allreduce); broadcast and "
-        "reduce use root 0; allgather has only the backend's own algorithm (native) so far",
+        "reduce use root 0; allgather's size is the gathered output, 1/P of it from each rank",
     )
     parser.add_argument(
         "--algo",

@@ -62,21 +62,20 @@ class Case:
         self.kind, self.rank = kind, rank
         n = max(1, n_bytes // ELEMENT_BYTES)
         if kind == "all_gather":
-            # nccl-tests' size is the gathered output; each rank contributes 1/P of it.
+            # nccl-tests' size is the gathered output; each rank contributes 1/P of it: its own
+            # chunk of the buffer, whose other chunks start as -1 and must all be overwritten.
             per_rank = max(1, n // world_size)
-            self.init = pattern(rank, per_rank, device)
-            self.buf = self.init.clone()
-            self.out = torch.empty(per_rank * world_size, device=device)
+            self.init = torch.full((per_rank * world_size,), -1.0, device=device)
+            self.init[rank * per_rank : (rank + 1) * per_rank] = pattern(rank, per_rank, device)
             self.expected = torch.cat([pattern(r, per_rank, device) for r in range(world_size)])
         else:
             self.init = pattern(rank, n, device)
-            self.buf = self.init.clone()
-            self.out = self.buf
             if kind == "broadcast":
                 self.expected = pattern(ROOT, n, device)
             else:  # all_reduce, reduce: the sum of every rank's input
                 self.expected = pattern(0, n, device) * (world_size * (world_size + 1) // 2)
-        self.n_bytes = self.out.numel() * ELEMENT_BYTES
+        self.buf = self.init.clone()
+        self.n_bytes = self.buf.numel() * ELEMENT_BYTES
 
     def reset(self) -> None:
         self.buf.copy_(self.init)
@@ -87,20 +86,11 @@ class Case:
 
         if self.kind == "reduce" and self.rank != ROOT:
             return True
-        return bool(torch.equal(self.out, self.expected))
+        return bool(torch.equal(self.buf, self.expected))
 
 
-def collective_call(
-    kind: str,
-    algo: str,
-    case: Case,
-    transport: Any,
-    all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None,
-) -> Callable[[], None]:
+def collective_call(kind: str, algo: str, case: Case, transport: Any) -> Callable[[], None]:
     """One call of ``algo``'s ``kind`` on the case's buffer, in place."""
-    if kind == "all_gather":
-        assert all_gather is not None and algo == "native"
-        return lambda: all_gather(case.out, case.buf)
     from tether.comm.collectives import COLLECTIVES
 
     return partial(COLLECTIVES.get(algo).run, kind, case.buf, "sum", ROOT, transport)
@@ -111,7 +101,6 @@ def measure(
     args: CommBenchArgs,
     device: torch.device,
     sync: Callable[[], None] = lambda: None,
-    all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     predict: Callable[[str, str, float], float | None] | None = None,
     progress: TextIO | None = None,
 ) -> dict[str, Any]:
@@ -140,7 +129,7 @@ def measure(
                 )
                 progress.flush()
                 last_note = now
-            call = collective_call(args.kind, algo, case, transport, all_gather)
+            call = collective_call(args.kind, algo, case, transport)
             correct, error = _check_once(call, case, sync)
             # Every rank must agree to skip an algorithm (e.g. one that refuses this group size).
             status = torch.tensor([int(error is not None), int(not correct)], device=device)

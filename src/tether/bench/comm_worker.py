@@ -88,7 +88,6 @@ class Placement:
         self.device = torch.device("cpu")
         self.backend = "mpi" if args.transport == "mpi" else "gloo"
         self.sync: Callable[[], None] = lambda: None
-        self.all_gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.transport: Any
         self.local_rank = 0  # this rank's index among the ranks of its node
         if args.transport == "mpi":
@@ -97,7 +96,6 @@ class Placement:
             self._init_torch(args)
 
     def _init_torch(self, args: CommBenchArgs) -> None:
-        import torch.distributed as dist
 
         from tether.comm.transport import TorchTransport
         from tether.launch.env import DistEnv
@@ -115,12 +113,6 @@ class Placement:
             self.sync = torch.cuda.synchronize
         init_process_group(self.backend, env, args.timeout_s + BACKSTOP_S)
         self.transport = TorchTransport()
-        group = self.transport.group
-
-        def all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
-            dist.all_gather_into_tensor(out, inp, group=group)
-
-        self.all_gather = all_gather
 
     def _init_mpi(self) -> None:
         try:
@@ -132,11 +124,6 @@ class Placement:
         from mpi4py import MPI
 
         self.local_rank = transport.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-
-        def all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
-            transport.comm.Allgather(inp.numpy(), out.numpy())  # MPI's own, on host buffers
-
-        self.all_gather = getattr(transport, "all_gather", all_gather)
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -206,7 +193,6 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
         args,
         placement.device,
         placement.sync,
-        placement.all_gather,
         predict,
         progress=sys.stderr if transport.rank == 0 else None,
     )

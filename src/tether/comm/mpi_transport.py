@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tether.comm.chunks import chunk_bounds
 from tether.comm.header import ProtocolError
 from tether.comm.messages import MessageProtocol, message_tags
 from tether.comm.transport import Transport
@@ -222,6 +223,18 @@ class MPITransport(MessageProtocol):
                 copy_back()
         else:
             self.comm.Reduce(spec, None, op=mpi_op, root=dst)
+
+    def all_gather(self, tensor: torch.Tensor) -> None:
+        """In-place all-gather (``MPI_Allgatherv`` with ``MPI_IN_PLACE``, MPI-3.1 section 5.7):
+        rank r contributes chunk r of :func:`~tether.comm.chunks.chunk_bounds`, in bytes, so
+        every dtype travels and uneven chunks need no padding."""
+        assert tensor.is_contiguous(), "all_gather runs on a flat contiguous tensor"
+        size = tensor.element_size()
+        bounds = chunk_bounds(tensor.numel(), self.world_size)
+        counts = [(stop - start) * size for start, stop in bounds]
+        displacements = [start * size for start, _ in bounds]
+        spec = [self._memory(tensor), counts, displacements, self.MPI.BYTE]
+        self.comm.Allgatherv(self.MPI.IN_PLACE, spec)
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from tether.comm.chunks import chunk_bounds
 from tether.comm.messages import HEADER_TAG, Message, MessageProtocol
 
 __all__ = ["HEADER_TAG", "Message", "PendingSend", "TorchTransport", "Transport"]
@@ -62,6 +63,8 @@ class Transport(Protocol):
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None: ...
 
+    def all_gather(self, tensor: torch.Tensor) -> None: ...
+
     def barrier(self) -> None: ...
 
     def exchange(
@@ -101,6 +104,25 @@ class TorchTransport(MessageProtocol):
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None:
         dist.reduce(tensor, op=_REDUCE_OPS[op], group=self.group, group_dst=dst)
+
+    def all_gather(self, tensor: torch.Tensor) -> None:
+        """In-place all-gather of a flat contiguous tensor: rank r contributes chunk r of
+        :func:`~tether.comm.chunks.chunk_bounds` and every rank ends with all of them.
+
+        The backends gather equal pieces only (gloo refuses others), so a length that P does
+        not divide goes through a padded buffer of P pieces of the longest chunk's length, and
+        is copied out in two slices (the longer chunks, then the shorter ones)."""
+        world, rank = self.world_size, self.rank
+        start, stop = chunk_bounds(tensor.numel(), world)[rank]
+        longer, extra = -(-tensor.numel() // world), tensor.numel() % world
+        if extra == 0:  # output aliasing the input's slot: the in-place form, gloo and NCCL
+            dist.all_gather_single(tensor, tensor[start:stop], group=self.group)
+            return
+        padded = tensor.new_empty((world, longer))
+        padded[rank, : stop - start] = tensor[start:stop]
+        dist.all_gather_single(padded.view(-1), padded[rank], group=self.group)
+        tensor[: extra * longer] = padded[:extra].reshape(-1)
+        tensor[extra * longer :] = padded[extra:, : longer - 1].reshape(-1)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tether.comm.collectives.auto import Auto
 from tether.comm.collectives.schedule import NodeLinks, cost
 from tether.comm.transport import Transport
 from tether.observe.files import atomic_write_text
@@ -50,8 +51,8 @@ if TYPE_CHECKING:
 
 CALIBRATION_TAG = 7900
 PING_SIZES = (4, 256 << 10, 4 << 20)
-KINDS = ("all_reduce", "broadcast")
-VERSION = 6  # 6: rounds of back-to-back calls (tether.perf.rounds), as the benchmark times
+KINDS = Auto.kinds  # what auto picks for, so what is timed
+VERSION = 7  # 6: rounds of back-to-back calls (tether.perf.rounds); 7: all-gather timed too
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class Auto(Collective):
     The calibration is measured and cached on first use when none is given."""
 
     name = "auto"
-    kinds = ("all_reduce", "broadcast")
+    kinds = ("all_reduce", "broadcast", "all_gather")
 
     def __init__(self, calibration: Calibration | None = None) -> None:
         self.calibration = calibration

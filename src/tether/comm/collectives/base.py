@@ -47,7 +47,7 @@ def as_transport(comm: Comm) -> Transport:
 COLLECTIVE_TAG = 8000
 PIECE_BYTES = 4 << 20  # reduced chunks larger than two of these travel in pieces
 TAG_SPAN = 1000
-KINDS = ("all_reduce", "broadcast", "reduce")
+KINDS = ("all_reduce", "broadcast", "reduce", "all_gather")
 OPS = ("sum", "avg", "max", "min")
 
 
@@ -171,12 +171,18 @@ class Collective:
         """Reduce into ``tensor`` on rank ``dst``; elsewhere ``tensor`` ends unspecified."""
         self.run("reduce", tensor, op, dst, comm)
 
+    def all_gather(self, tensor: torch.Tensor, comm: Comm = None) -> None:
+        """Gather in place: rank r contributes chunk r of ``tensor`` (cut into P chunks, the first
+        ``numel % P`` one element longer: :func:`tether.comm.chunks.chunk_bounds`), and every
+        rank ends holding every rank's chunk (``MPI_Allgatherv`` with ``MPI_IN_PLACE``)."""
+        self.run("all_gather", tensor, "sum", 0, comm)
+
     def run(
         self, kind: str, tensor: torch.Tensor, op: str = "sum", root: int = 0, comm: Comm = None
     ) -> None:
         """Run operation ``kind`` (one of :data:`KINDS`) in place: what :meth:`all_reduce`,
-        :meth:`broadcast` (``op`` unused) and :meth:`reduce` do, for callers that pick the kind
-        at run time (the benchmark, the calibration)."""
+        :meth:`broadcast`, :meth:`reduce` and :meth:`all_gather` do (``op`` unused by the copying
+        ones), for callers that pick the kind at run time (the benchmark, the calibration)."""
         self._check_kind(kind)
         check_op(op, tensor.dtype)
         transport = as_transport(comm)
@@ -189,7 +195,7 @@ class Collective:
         else:
             flat = tensor.contiguous().view(-1)
         self.execute(kind, flat, op, root, transport)
-        if op == "avg" and (kind == "all_reduce" or transport.rank == root):
+        if op == "avg" and (kind == "all_reduce" or (kind == "reduce" and transport.rank == root)):
             flat.div_(world)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))

@@ -6,6 +6,10 @@ k the rank whose lowest set bit is bit k sends its partial result to ``rel - 2^k
 the same tree top down. Each takes ``ceil(log2 P)`` rounds: ``ceil(log2 P)*(a + n*b [+ n*g])``
 (ALGORITHMS.md section 2; the tree of the paper's sync EASGD). The result is reduced at the root
 and copied out, so an all-reduce ends bitwise identical on all ranks.
+
+All-gather is a gather up the same tree to rank 0 (in round k the rank ``rel`` with lowest set
+bit k sends the ``2^k`` chunks ``rel ... rel + 2^k - 1`` it has gathered) followed by a broadcast
+of the whole vector: ``ceil(log2 P)*a + (P-1)/P*n*b`` up, ``ceil(log2 P)*(a + n*b)`` down.
 """
 
 from __future__ import annotations
@@ -31,15 +35,19 @@ def binomial_reduce(world_size: int, root: int) -> Schedule:
 
 
 @lru_cache(maxsize=64)
-def binomial_broadcast(world_size: int, root: int, first_round: int = 0) -> Schedule:
+def binomial_broadcast(
+    world_size: int, root: int, first_round: int = 0, chunks: int = 1
+) -> Schedule:
+    """``chunks``: how many chunks the vector is cut into (all of them travel together)."""
+    every = 0 if chunks == 1 else tuple(range(chunks))
     p, levels, steps = world_size, _levels(world_size), []
     for k in range(levels):
         mask = 1 << (levels - 1 - k)
         for rel in range(0, p - mask, 2 * mask):
             steps.append(
-                Step(first_round + k, (rel + root) % p, (rel + mask + root) % p, 0, "copy")
+                Step(first_round + k, (rel + root) % p, (rel + mask + root) % p, every, "copy")
             )
-    return Schedule("binomial-broadcast", p, tuple(steps), root=root)
+    return Schedule("binomial-broadcast", p, tuple(steps), chunks, root=root)
 
 
 @lru_cache(maxsize=64)
@@ -49,15 +57,30 @@ def binomial_all_reduce(world_size: int) -> Schedule:
     return Schedule("binomial", world_size, steps)
 
 
+@lru_cache(maxsize=64)
+def binomial_all_gather(world_size: int) -> Schedule:
+    p, levels, steps = world_size, _levels(world_size), []
+    for k in range(levels):
+        mask = 1 << k
+        for rel in range(mask, p, 2 * mask):
+            block = tuple(range(rel, min(rel + mask, p)))
+            steps.append(Step(k, rel, rel - mask, block, "copy"))
+    steps += binomial_broadcast(p, 0, levels, chunks=p).steps
+    return Schedule("binomial-all-gather", p, tuple(steps), chunks=p)
+
+
 class Binomial(Collective):
-    """Binomial-tree reduce and broadcast; all-reduce = reduce + broadcast (MPICH)."""
+    """Binomial-tree reduce and broadcast; all-reduce = reduce + broadcast (MPICH); all-gather
+    = gather + broadcast."""
 
     name = "binomial"
-    kinds = ("all_reduce", "broadcast", "reduce")
+    kinds = ("all_reduce", "broadcast", "reduce", "all_gather")
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
         if kind == "all_reduce":
             return binomial_all_reduce(world_size)
+        if kind == "all_gather":
+            return binomial_all_gather(world_size)
         if kind == "reduce":
             return binomial_reduce(world_size, root)
         return binomial_broadcast(world_size, root)

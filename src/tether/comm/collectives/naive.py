@@ -5,6 +5,8 @@ contributions one per round in rank order, a broadcast sends P-1 copies one per 
 the baseline the tree and ring algorithms improve on: ``(P-1)(a + n*b [+ n*g])`` per phase
 (ALGORITHMS.md sections 1 and 2; Thakur, Rabenseifner and Gropp 2005 use it as the reference
 point). Its summation order ``((x_root + x_a) + x_b) + ...`` is fixed and easy to reason about.
+All-gather is a gather to rank 0 (each rank's chunk, one per round) followed by a broadcast of
+the whole vector: ``(P-1)(a + n/P*b) + (P-1)(a + n*b)``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ def naive_reduce(world_size: int, root: int) -> Schedule:
 
 
 @lru_cache(maxsize=64)
-def naive_broadcast(world_size: int, root: int, first_round: int = 0) -> Schedule:
+def naive_broadcast(world_size: int, root: int, first_round: int = 0, chunks: int = 1) -> Schedule:
+    """``chunks``: how many chunks the vector is cut into (all of them travel together)."""
+    every = 0 if chunks == 1 else tuple(range(chunks))
     others = _others(world_size, root)
-    steps = [Step(first_round + k, root, dst, 0, "copy") for k, dst in enumerate(others)]
-    return Schedule("naive-broadcast", world_size, tuple(steps), root=root)
+    steps = [Step(first_round + k, root, dst, every, "copy") for k, dst in enumerate(others)]
+    return Schedule("naive-broadcast", world_size, tuple(steps), chunks, root=root)
 
 
 @lru_cache(maxsize=64)
@@ -38,15 +42,25 @@ def naive_all_reduce(world_size: int) -> Schedule:
     return Schedule("naive", world_size, steps)
 
 
+@lru_cache(maxsize=64)
+def naive_all_gather(world_size: int) -> Schedule:
+    p = world_size
+    gather = [Step(k, src, 0, src, "copy") for k, src in enumerate(_others(p, 0))]
+    steps = (*gather, *naive_broadcast(p, 0, p - 1, chunks=p).steps)
+    return Schedule("naive-all-gather", p, steps, chunks=p)
+
+
 class Naive(Collective):
-    """Reduce to the root, then broadcast, one rank at a time: the oracle."""
+    """Reduce (or gather) to the root, then broadcast, one rank at a time: the oracle."""
 
     name = "naive"
-    kinds = ("all_reduce", "broadcast", "reduce")
+    kinds = ("all_reduce", "broadcast", "reduce", "all_gather")
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
         if kind == "all_reduce":
             return naive_all_reduce(world_size)
+        if kind == "all_gather":
+            return naive_all_gather(world_size)
         if kind == "reduce":
             return naive_reduce(world_size, root)
         return naive_broadcast(world_size, root)

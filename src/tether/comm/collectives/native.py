@@ -16,10 +16,11 @@ from tether.errors import TetherError
 
 
 class Native(Collective):
-    """The backend's own all_reduce, broadcast and reduce (torch.distributed, or MPI)."""
+    """The backend's own all_reduce, broadcast, reduce and all-gather (torch.distributed, or
+    MPI)."""
 
     name = "native"
-    kinds = ("all_reduce", "broadcast", "reduce")
+    kinds = ("all_reduce", "broadcast", "reduce", "all_gather")
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
         raise TetherError("collective 'native' is the backend's own algorithm: no schedule")
@@ -33,5 +34,7 @@ class Native(Collective):
             transport.all_reduce(flat, reduce_op)
         elif kind == "reduce":
             transport.reduce(flat, root, reduce_op)
+        elif kind == "all_gather":
+            transport.all_gather(flat)
         else:
             transport.broadcast(flat, root)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from tether.comm.chunks import chunk_bounds
+
 if TYPE_CHECKING:  # plan.py imports this module
     from tether.comm.collectives.plan import RoundPlan
 
@@ -44,17 +46,6 @@ class Step:
     @property
     def indices(self) -> tuple[int, ...]:
         return (self.chunk,) if isinstance(self.chunk, int) else self.chunk
-
-
-def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each of ``chunks`` nearly equal pieces of ``n`` elements."""
-    base, extra = divmod(n, chunks)
-    bounds, start = [], 0
-    for i in range(chunks):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 @dataclass(frozen=True)
