@@ -77,6 +77,22 @@ def test_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     assert not (tmp_path / "comm.json").exists()
 
 
+def test_allgather_every_algorithm_on_3_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    algos = ("naive", "ring", "recursive-doubling", "binomial", "native")
+    argv = ["--op", "allgather", "--algo", ",".join(algos), "--sizes", "12B,12KB"]
+    argv += ["--workers", "3", "--repeats", "2", "--no-predict", "--out", str(out)]
+    result = run_cli("bench", "comm", *argv)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "comm.json").read_text())
+    assert report["op"] == "allgather" and report["busbw_factor"] == pytest.approx(2 / 3)
+    # the size is the gathered output (nccl-tests): 4 bytes, then 4 KiB, from each of 3 ranks
+    assert [(r["algo"], r["bytes"]) for r in report["rows"]] == [
+        (algo, size) for size in (12, 12 << 10) for algo in algos
+    ]
+    assert all(row["correct"] is True for row in report["rows"])
+
+
 @pytest.mark.skipif(find_spec("mpi4py") is None, reason="mpi4py not installed (tether[mpi])")
 def test_broadcast_on_the_mpi_transport(tmp_path: Path) -> None:
     from tether.launch.mpi import mpiexec_path

@@ -101,7 +101,7 @@ def test_default_algorithms_are_every_one_implementing_the_op() -> None:
     assert args.kind == "all_reduce" and args.sizes == (4, 8, 16)
     assert list(resolve_args("broadcast", None, "4B").algos) == collectives_for("broadcast")
     gather = resolve_args("allgather", None, "4B").algos
-    assert gather == ("naive", "ring", "recursive-doubling", "binomial", "native")
+    assert gather == ("naive", "ring", "recursive-doubling", "binomial", "native", "auto")
     assert resolve_args("allreduce", "native,ring,native", "4B").algos == ("native", "ring")
 
 

@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 CALIBRATION_TAG = 7900
 PING_SIZES = (4, 256 << 10, 4 << 20)
 KINDS = Auto.kinds  # what auto picks for, so what is timed
-VERSION = 7  # 6: rounds of back-to-back calls (tether.perf.rounds); 7: all-gather timed too
+# 6: rounds of back-to-back calls (tether.perf.rounds); 7: all-gather timed too, and an untimed
+# call before every round at every size, as the benchmark does
+VERSION = 7
 
 
 @dataclass(frozen=True)

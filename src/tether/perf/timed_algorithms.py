@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 # where it has evidence at the timed sizes either side of a message, so they are close), and
 # one float32 per rank (:func:`timed_sizes`).
 TIMED_SIZES = tuple(4 * 8**k for k in range(8))  # 4 B .. 8 MiB
-LARGE_BYTES = 1 << 20  # from here on no untimed call before each timed round
 # Timed rounds per size: MIN_ROUNDS of every algorithm, then, for those whose median beats
 # native's by MARGIN so far (the contenders) and native, as many more as fit in ROUND_BUDGET_S,
 # up to MAX_ROUNDS in all. Where nothing contends (most sizes; every size on MPI) the size costs
@@ -102,10 +101,12 @@ def time_algorithms(
     then round 2, ...; each round in a rotated order), so a slow spell of the machine hits them
     alike and each round pairs every algorithm with native under the same conditions. A round
     is a barrier and then :func:`~tether.perf.rounds.iters_for` calls back to back, as in
-    ``tether bench comm`` (why: :mod:`tether.perf.rounds`). Below
-    :data:`LARGE_BYTES` each timed call follows an untimed one, which absorbs what the previous
-    algorithm left behind (see :mod:`tether.bench.comm_measure`). Every rank sees the same
-    (all-reduced) times, so all stop at the same size."""
+    ``tether bench comm`` (why: :mod:`tether.perf.rounds`), after an untimed call of the same
+    algorithm, which absorbs what the previous one left behind (see
+    :mod:`tether.bench.comm_measure`): at every size, as the benchmark does (skipping it from
+    1 MiB, as calibrations before v7 did, timed 2-rank 1 MiB calls in another regime: a
+    barrier alone before an exchange-based call is kinder to it than a call of its own). Every
+    rank sees the same (all-reduced) times, so all stop at the same size."""
     names = candidates(kind, ranks_per_node, transport.world_size)
     algorithms = {name: instantiate(name, alpha, beta, ranks_per_node) for name in names}
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
@@ -155,8 +156,7 @@ def _timed_rounds(
     for round_ in range(first_round, first_round + rounds):
         for name in rotated(names, round_):
             call, began = calls[name], time.perf_counter()
-            if n_bytes < LARGE_BYTES:
-                call()
+            call()
             transport.barrier()
             start = time.perf_counter()
             for _ in range(iters):

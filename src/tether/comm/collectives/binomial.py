@@ -70,8 +70,9 @@ def binomial_all_gather(world_size: int) -> Schedule:
 
 
 class Binomial(Collective):
-    """Binomial-tree reduce and broadcast; all-reduce = reduce + broadcast (MPICH); all-gather
-    = gather + broadcast."""
+    """Binomial-tree reduce and broadcast; all-reduce and all-gather go up, then down (MPICH).
+
+    All-reduce is a reduce then a broadcast; all-gather a gather then a broadcast."""
 
     name = "binomial"
     kinds = ("all_reduce", "broadcast", "reduce", "all_gather")

@@ -16,8 +16,7 @@ from tether.errors import TetherError
 
 
 class Native(Collective):
-    """The backend's own all_reduce, broadcast, reduce and all-gather (torch.distributed, or
-    MPI)."""
+    """The backend's own collectives (torch.distributed: gloo or NCCL; or MPI's)."""
 
     name = "native"
     kinds = ("all_reduce", "broadcast", "reduce", "all_gather")

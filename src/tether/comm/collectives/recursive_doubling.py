@@ -59,8 +59,9 @@ def recursive_doubling_all_gather(world_size: int) -> Schedule:
 
 
 class RecursiveDoubling(Collective):
-    """Recursive doubling all-reduce: log2(P) rounds of whole-vector exchanges (Thakur 2005);
-    all-gather: log2(P) rounds of doubling blocks."""
+    """Recursive doubling all-reduce and all-gather: log2(P) rounds of exchanges (Thakur 2005).
+
+    All-reduce exchanges the whole vector every round; all-gather doubles the block sent."""
 
     name = "recursive-doubling"
     kinds = ("all_reduce", "all_gather")
