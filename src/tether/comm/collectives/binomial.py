@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from tether.comm.collectives.base import Collective
-from tether.comm.collectives.schedule import Schedule, Step
+from tether.comm.collectives.schedule import Schedule, Step, whole_vector
 
 
 def _levels(world_size: int) -> int:
@@ -39,7 +39,7 @@ def binomial_broadcast(
     world_size: int, root: int, first_round: int = 0, chunks: int = 1
 ) -> Schedule:
     """``chunks``: how many chunks the vector is cut into (all of them travel together)."""
-    every = 0 if chunks == 1 else tuple(range(chunks))
+    every = whole_vector(chunks)
     p, levels, steps = world_size, _levels(world_size), []
     for k in range(levels):
         mask = 1 << (levels - 1 - k)

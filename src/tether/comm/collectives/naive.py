@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from tether.comm.collectives.base import Collective
-from tether.comm.collectives.schedule import Schedule, Step
+from tether.comm.collectives.schedule import Schedule, Step, whole_vector
 
 
 def _others(world_size: int, root: int) -> list[int]:
@@ -30,7 +30,7 @@ def naive_reduce(world_size: int, root: int) -> Schedule:
 @lru_cache(maxsize=64)
 def naive_broadcast(world_size: int, root: int, first_round: int = 0, chunks: int = 1) -> Schedule:
     """``chunks``: how many chunks the vector is cut into (all of them travel together)."""
-    every = 0 if chunks == 1 else tuple(range(chunks))
+    every = whole_vector(chunks)
     others = _others(world_size, root)
     steps = [Step(first_round + k, root, dst, every, "copy") for k, dst in enumerate(others)]
     return Schedule("naive-broadcast", world_size, tuple(steps), chunks, root=root)

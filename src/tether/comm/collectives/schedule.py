@@ -48,6 +48,11 @@ class Step:
         return (self.chunk,) if isinstance(self.chunk, int) else self.chunk
 
 
+def whole_vector(chunks: int) -> int | tuple[int, ...]:
+    """The ``chunk`` of a step that sends the whole vector of a schedule of ``chunks`` chunks."""
+    return 0 if chunks == 1 else tuple(range(chunks))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A collective algorithm as data: ``steps`` over ``world_size`` ranks and ``chunks`` chunks.
