@@ -269,6 +269,23 @@ def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
     assert wrong_results(report) == ["ring at 4B", "ring at 1KB"]
 
 
+class TwoRanksAlone(OneRank):
+    """Rank 0 of a pretend group of 2 whose collectives do nothing (results come out wrong)."""
+
+    world_size = 2
+
+    def all_gather(self, tensor: torch.Tensor) -> None:
+        pass
+
+
+def test_all_gather_sizes_that_round_alike_are_measured_once() -> None:
+    # with 2 ranks a 4 B all-gather is 8 B: one float32 from each rank
+    args = resolve_args("allgather", "native", "4B,8B,16B", repeats=1, predict=False)
+    raw = comm_measure.measure(TwoRanksAlone(), args, torch.device("cpu"))
+    assert [r["bytes"] for r in raw["rows"]] == [8, 16]
+    assert not any(r["correct"] for r in raw["rows"])  # nothing was gathered
+
+
 def test_algorithm_refusing_the_group_is_skipped(monkeypatch) -> None:
     real = comm_measure.collective_call
 
