@@ -45,6 +45,7 @@ from typing import Any
 
 from _comm_tables import MiB, bench, by_size, goal, human, sizes, time_table
 from _common import ForeignLoad, machine, machine_slug, write_result
+from tether.bench.comm import OPS
 from tether.bench.comm_report import mean_ratio_interval
 
 PARTS = (
@@ -118,7 +119,7 @@ def run_sweep(
     argv = ["--op", op, "--sizes", sizes(4, 64 * MiB), "--workers", str(workers)]
     argv += ["--repeats", str(args.repeats), "--recalibrate"]  # auto chooses by a fresh one
     report, shown, seconds = bench(argv, tmp / name, args.timeout)
-    choices = auto_choices(report, workers, "all_gather" if op == "allgather" else "all_reduce")
+    choices = auto_choices(report, workers, OPS[op])
     goals = auto_goals(report, choices, workers, op)
     picks = ", ".join(f"{human(n)}: {algo}" for n, algo in choices.items())
     table = [*time_table(report), "", f"`auto` ran (from this part's calibration): {picks}"]

@@ -96,7 +96,6 @@ class Placement:
             self._init_torch(args)
 
     def _init_torch(self, args: CommBenchArgs) -> None:
-
         from tether.comm.transport import TorchTransport
         from tether.launch.env import DistEnv
         from tether.launch.worker import init_process_group, place

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tether.comm.collectives.schedule import Step
+from tether.comm.collectives.schedule import Step, whole_vector
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class Fold:
         return 2 * virtual + 1 if virtual < self.extra else virtual + self.extra
 
     def fold_in(self, chunks: int) -> list[Step]:
-        every = tuple(range(chunks))
+        every = whole_vector(chunks)
         return [Step(0, 2 * i, 2 * i + 1, every, "reduce") for i in range(self.extra)]
 
     def fold_out(self, chunks: int, round: int) -> list[Step]:
-        every = tuple(range(chunks))
+        every = whole_vector(chunks)
         return [Step(round, 2 * i + 1, 2 * i, every, "copy") for i in range(self.extra)]
