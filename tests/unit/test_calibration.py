@@ -153,3 +153,28 @@ def test_pinned_calibrations_are_cached_apart(monkeypatch: pytest.MonkeyPatch) -
     worker.start()
     worker.join()
     assert cores[0] is not None and affinity.pinned_core() == cores[0]
+
+
+def test_a_measurement_is_announced_with_its_reason_and_a_cached_one_is_silent(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A training run with --allreduce auto spends tens of seconds here before its first step
+    # the first time: the user is told why and where the result goes; later runs say nothing.
+    from types import SimpleNamespace
+
+    from tether.perf.calibration import load_or_calibrate
+
+    monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path))
+    alone = SimpleNamespace(rank=0, world_size=1)  # one rank: nothing to time, nothing sent
+    first = load_or_calibrate(alone, backend="gloo")  # type: ignore[arg-type]
+    said = capsys.readouterr().err
+    path = cache_path("gloo", 1, 1)
+    assert "calibrating the collectives (gloo, 1 rank, 1 per node; none cached" in said
+    assert f"cached in {path}" in said
+    assert load_or_calibrate(alone, backend="gloo") == first  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""
+    path.write_text(path.read_text().replace(f'"version": {VERSION}', '"version": 1'))
+    load_or_calibrate(alone, backend="gloo")  # type: ignore[arg-type]
+    assert "from an older Tether" in capsys.readouterr().err
+    load_or_calibrate(alone, backend="gloo", refresh=True)  # type: ignore[arg-type]
+    assert "asked to measure again" in capsys.readouterr().err

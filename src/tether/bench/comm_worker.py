@@ -140,12 +140,6 @@ def predictor(transport: Any, args: CommBenchArgs) -> tuple[Predict | None, dict
         from tether.perf.calibration import load_or_calibrate
     except ImportError:
         return None, {"source": None, "reason": "tether.perf.calibration is not available"}
-    if transport.rank == 0:
-        print(
-            "tether bench: calibration for the predictions (measured once, then cached)",
-            file=sys.stderr,
-            flush=True,
-        )
     calibration = load_or_calibrate(transport)
 
     def predict(algo: str, kind: str, n_bytes: float) -> float | None:

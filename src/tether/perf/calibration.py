@@ -32,6 +32,7 @@ import bisect
 import json
 import math
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -267,20 +268,35 @@ def load_or_calibrate(
     backend = backend if backend is not None else _backend_name()
     path = cache_path(backend, world, per_node, pinned_core() is not None)
     cached: Calibration | None = None
-    if transport.rank == 0 and not refresh and path.exists():
-        try:
-            cached = Calibration.from_json(path.read_text())
-        except (ValueError, TypeError, KeyError):
-            cached = None  # unreadable or stale format: measure again
+    why = "asked to measure again"
+    if transport.rank == 0 and not refresh:
+        why = "none cached for this host and group shape"
+        if path.exists():
+            try:
+                cached = Calibration.from_json(path.read_text())
+            except (ValueError, TypeError, KeyError):
+                why = "the cached one is unreadable or from an older Tether"
     have = torch.tensor([1 if cached is not None else 0], dtype=torch.int64)
     if world > 1:
         transport.broadcast(have, 0)
     if int(have):
         return _share(transport, cached)
+    # Tens of seconds before the first step of a training run: say what it is, once (rank 0).
+    if transport.rank == 0:
+        _say(
+            f"calibrating the collectives ({backend}, {world} rank{'s' * (world > 1)},"
+            f" {per_node} per node; {why}): tens of seconds, once"
+        )
+    start = time.perf_counter()
     result = calibrate(transport, per_node, backend)
     if transport.rank == 0:
         atomic_write_text(path, result.to_json())
+        _say(f"calibration done in {time.perf_counter() - start:.1f} s, cached in {path}")
     return result
+
+
+def _say(message: str) -> None:
+    print(f"tether: {message}", file=sys.stderr, flush=True)
 
 
 def _share(transport: Transport, calibration: Calibration | None) -> Calibration:
