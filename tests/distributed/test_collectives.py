@@ -23,6 +23,7 @@ import torch.distributed as dist
 from tests.distributed.collective_checks import Checks, close, gathered, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.auto import Auto
+from tether.comm.collectives.base import PeerStalled
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.errors import TetherError
@@ -252,3 +253,25 @@ def test_every_collective_against_naive_and_native(
     for rank, result in enumerate(results):
         assert result["failures"] == [], f"rank {rank}: {result['failures'][:10]}"
         assert result["checks"] > 100
+
+
+def _one_rank_leaves(rank: int, world: int) -> str:
+    """Rank 1 leaves the group instead of joining a ring all-reduce (its process ends, closing
+    its connections): the ranks left must fail, not hang, and name whom they gave up on."""
+    if rank == 1:
+        return ""
+    try:
+        COLLECTIVES.get("ring").all_reduce(torch.ones(1000))
+    except PeerStalled as stalled:
+        return str(stalled)
+    return "the all-reduce completed without rank 1"
+
+
+def test_a_rank_that_leaves_is_named_by_the_ranks_left_waiting() -> None:
+    said = run_spawned(_one_rank_leaves, 3, timeout_s=20)
+    # the ring: rank r receives from r - 1, so rank 2 waits for rank 1 first (or, where gloo
+    # refuses to post on a connection already closed, fails posting its first round)
+    named = ("receiving from rank 1 in round 1", "posting transfers with ranks 0, 1 in round 1")
+    assert said[2].startswith(tuple(f"ring schedule, rank 2: gave up {n}" for n in named)), said
+    # rank 0 sends to rank 1 (usually named), or gives up on rank 2 once rank 2 has failed
+    assert said[0].startswith("ring schedule, rank 0: gave up"), said

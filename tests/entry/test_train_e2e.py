@@ -79,17 +79,23 @@ def test_crash_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert [h["step"] for h in summary["history"]] == [10, 20, 30]
 
 
-@pytest.mark.parametrize("kind", ["kill", "hang"])
-def test_dead_or_hung_worker_stops_the_run(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "allreduce"), [("kill", "native"), ("hang", "native"), ("hang", "ring")]
+)
+def test_dead_or_hung_worker_stops_the_run(tmp_path: Path, kind: str, allreduce: str) -> None:
     fault = ["--set", "fault_rank=1", "--set", "fault_step=5", "--set", f"fault_kind={kind}"]
-    timeout = ["--timeout", "5"]
+    timeout = ["--timeout", "5", "--allreduce", allreduce]
     result = run_cli("train", *COMMON, *timeout, "--steps", "200", *fault, "--out", str(tmp_path))
     stopped = time.time()
     assert result.returncode == 1
     if kind == "kill":
         assert "worker rank 1 failed: killed by SIGKILL" in result.stderr
-    else:  # the survivor's collective times out and names itself; the hung rank is then killed
+    elif allreduce == "native":  # the survivor's gloo collective times out, naming only itself
         assert "worker rank 0 failed" in result.stderr and "Timed out" in result.stderr
+    else:  # our schedules also name the rank they waited for; the hung rank is then killed
+        said = "worker rank 0 failed: PeerStalled: ring schedule, rank 0: gave up"
+        assert said in result.stderr and "rank 1 in round" in result.stderr, result.stderr
+        assert "Timed out" in result.stderr
     # From the moment of the fault to the end of the `tether` process: under 10 s (for the
     # hang this includes the 5 s collective timeout).
     fault_at = float((tmp_path / "injected_fault.txt").read_text())

@@ -139,12 +139,17 @@ def test_worker_argv_reproduces_the_arguments() -> None:
         )
 
 
-def test_pinning_takes_one_core_for_the_calling_thread_only() -> None:
+def test_pinning_takes_one_core_for_the_calling_thread_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import os
     import threading
 
+    from tether.launch import affinity
     from tether.launch.affinity import pin_main_thread
 
+    # the module remembers the pin (calibrations are cached apart): forget it afterwards
+    monkeypatch.setattr(affinity, "_pinned_core", None)
     before = os.sched_getaffinity(0)
     seen: dict[str, set[int]] = {}
     try:

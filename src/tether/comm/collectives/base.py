@@ -26,7 +26,12 @@ import torch.distributed as dist
 
 from tether.comm.collectives.plan import RoundPlan, compile_plan
 from tether.comm.collectives.schedule import Schedule
-from tether.comm.collectives.views import cached_views, remember_views, round_tensors
+from tether.comm.collectives.views import (
+    RoundTensors,
+    cached_views,
+    remember_views,
+    round_tensors,
+)
 from tether.comm.transport import TorchTransport, Transport
 from tether.errors import TetherError
 
@@ -95,33 +100,79 @@ def run_schedule(schedule: Schedule, flat: torch.Tensor, op: str, comm: Comm) ->
             views.append(round_tensors(plan[0], alias, 0))
     for index, rp in enumerate(plan):
         sends, recvs, reductions = views[index]
-        if posted is None:
-            received, sent = transport.start_exchange(sends, recvs, _tag(rp))
-        else:
-            received, sent = posted, transport.start_exchange(sends, [], _tag(rp))[1]
-        posted = None
-        if index + 1 < len(plan):
-            following = plan[index + 1]
-            if fresh:
-                views.append(round_tensors(following, alias, (index + 1) % 2))
-            if post_early and following.early:
-                posted = transport.start_exchange([], views[index + 1][1], _tag(following))[0]
-        if not rp.pipelined:
-            # Sends read the start-of-round value: a chunk this rank also sends this round
-            # (recursive doubling) is reduced into only after every transfer has completed.
-            for handle in received + sent:
+        waited = -1  # -1 while posting, then the handles of ``received + sent`` waited on
+        try:
+            if posted is None:
+                received, sent = transport.start_exchange(sends, recvs, _tag(rp))
+            else:
+                received, sent = posted, transport.start_exchange(sends, [], _tag(rp))[1]
+            posted = None
+            if index + 1 < len(plan):
+                following = plan[index + 1]
+                if fresh:
+                    views.append(round_tensors(following, alias, (index + 1) % 2))
+                if post_early and following.early:
+                    posted = transport.start_exchange([], views[index + 1][1], _tag(following))[0]
+            waited = 0
+            if not rp.pipelined:
+                # Sends read the start-of-round value: a chunk this rank also sends this round
+                # (recursive doubling) is reduced into only after every transfer has completed.
+                for handle in received + sent:
+                    handle.wait()
+                    waited += 1
+                for own, piece in reductions:
+                    combine(own, piece, op)
+                continue
+            # Pipelined: add piece k while pieces k+1... are still arriving.
+            for (own, piece), handle in zip(reductions, received, strict=False):
                 handle.wait()
-            for own, piece in reductions:
+                waited += 1
                 combine(own, piece, op)
-            continue
-        # Pipelined: add piece k while pieces k+1... are still arriving.
-        for (own, piece), handle in zip(reductions, received, strict=False):
-            handle.wait()
-            combine(own, piece, op)
-        for handle in received[len(reductions) :] + sent:
-            handle.wait()
+            for handle in received[len(reductions) :] + sent:
+                handle.wait()
+                waited += 1
+        except RuntimeError as exc:  # gloo/NCCL timeouts and closed connections, MPI errors
+            raise PeerStalled.naming(
+                schedule, rp, transport.rank, views[index], waited, exc
+            ) from exc
     if fresh:
         remember_views(plan, flat, views)
+
+
+class PeerStalled(RuntimeError):
+    """A transfer of a collective schedule failed or timed out (the backend's error is the
+    cause). It names the peer this rank was waiting for, which the backend's own message does
+    not: in a synchronous method the first rank to give up names the dead or hung one, or one
+    stuck behind it."""
+
+    @classmethod
+    def naming(
+        cls,
+        schedule: Schedule,
+        rp: RoundPlan,
+        rank: int,
+        transfers: RoundTensors,
+        waited: int,
+        cause: Exception,
+    ) -> PeerStalled:
+        """The error for the ``waited``-th handle of ``received + sent`` in round ``rp`` (or for
+        posting the round, ``waited`` < 0)."""
+        sends, recvs, _ = transfers
+        if waited < 0:  # a backend that refuses to post on a connection already broken
+            peers = sorted({p for _, p in recvs} | {p for _, p in sends})
+            doing = "posting transfers with"
+            who = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {', '.join(map(str, peers))}"
+        else:
+            waiting = [("receiving from", p) for _, p in recvs]
+            waiting += [("sending to", p) for _, p in sends]
+            doing, peer = waiting[min(waited, len(waiting) - 1)]
+            who = f"rank {peer}"
+        backend = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        return cls(
+            f"{schedule.name} schedule, rank {rank}: gave up {doing} {who} in round "
+            f"{rp.round + 1} of {schedule.num_rounds} ({who} died, hangs, or is slower than the "
+            f"timeout): {backend}"
+        )
 
 
 class Collective:
