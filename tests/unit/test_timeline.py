@@ -315,6 +315,47 @@ def test_step_tracer_records_a_sync_sgd_like_step() -> None:
     assert {e["cat"] for e in events.values()} == {"step", "data", "compute", "comm"}
 
 
+def test_a_stall_after_the_update_leaves_every_piece_where_it_happened() -> None:
+    # Seen in the end-to-end test: the process was descheduled for ~4 ms right after sync SGD's
+    # update, so the step's compute time (all that is not the wait) outgrew the time before the
+    # wait; laid out by durations, the wait then went after the update. The method's wait
+    # interval and the hooked update are drawn where they were; the stall is left empty.
+    timeline = Timeline(rank=0)
+    tracer = StepTracer(timeline)
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    with tracer.timing_updates():
+        called = tracer.before_step()
+        time.sleep(0.002)  # forward+backward
+        wait_start = time.perf_counter()
+        time.sleep(0.001)  # the exposed wait
+        wait_end = time.perf_counter()
+        param.grad = torch.ones(3)
+        optimizer.step()
+        time.sleep(0.004)  # the stall, counted by the method as compute
+        compute_s = time.perf_counter() - called - (wait_end - wait_start)
+        tracer.step(
+            1, called, 0.0, called, compute_s, wait_end - wait_start, [(wait_start, wait_end)]
+        )
+    events = {e["name"]: e for e in _complete(timeline.trace())}
+    wait, update = events["comm wait"], events["optimizer step"]
+    fb = events["forward+backward"]
+    assert wait["ts"] == pytest.approx(timeline.to_unix_us(wait_start), abs=0.5)
+    assert wait["dur"] == pytest.approx((wait_end - wait_start) * 1e6, abs=0.5)
+    assert fb["ts"] + fb["dur"] <= wait["ts"] + 0.5, (fb, wait)
+    assert wait["ts"] + wait["dur"] <= update["ts"] + 0.5, (wait, update)
+    step = events["step"]
+    assert update["ts"] + update["dur"] + 3500 <= step["ts"] + step["dur"], "the stall is a gap"
+
+
+def test_a_long_first_piece_stays_at_the_start_of_the_step() -> None:
+    # Forward+backward begins every method's step: longer than the time before the update
+    # (by a stall counted in it), it is cut to that time rather than moved after the update.
+    pieces = [("fb", "compute", 0.008), ("wait", "comm", 0.0)]
+    placed = place_in_gaps(0.0, 0.010, pieces, [(0.003, 0.004)])
+    assert [(n, round(s, 6), round(e, 6)) for n, _, s, e in placed] == [("fb", 0.0, 0.003)]
+
+
 def test_step_tracer_on_a_disabled_timeline_hooks_nothing() -> None:
     tracer = StepTracer(get_timeline())
     param = torch.nn.Parameter(torch.ones(1))

@@ -148,10 +148,11 @@ class GradientBucketer:
             self._handles.append(self.reducer.start(chunk, average=True))
             self._next_to_launch += 1
 
-    def finish(self) -> float:
+    def finish(self) -> tuple[float, float]:
         """Launch what is left (parameters unused this step), wait for every bucket's mean.
 
-        Returns the seconds spent waiting: the communication that backward did not hide.
+        Returns when the wait began and ended (``time.perf_counter``): the communication that
+        backward did not hide.
         """
         if self.flat.is_cuda:  # backward's kernels are the computation, not the wait
             torch.cuda.synchronize(self.flat.device)
@@ -160,9 +161,9 @@ class GradientBucketer:
         for handle in self._handles:
             handle.wait()
         self._handles.clear()
-        waited = time.perf_counter() - start
-        self.comm_wait_s += waited
-        return waited
+        end = time.perf_counter()
+        self.comm_wait_s += end - start
+        return start, end
 
     def remove(self) -> None:
         for h in self._hooks:

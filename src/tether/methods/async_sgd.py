@@ -54,7 +54,7 @@ class AsyncSGD(ServerMethod):
             if weights is not None:
                 self.flat.copy_(weights)
             self.accumulated.zero_()
-            times.comm_s += self.clock() - start
+            times.waited(start, self.clock())
         return loss
 
     # -- server ----------------------------------------------------------------------------------

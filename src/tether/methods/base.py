@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -37,6 +37,17 @@ class StepTimes:
 
     compute_s: float = 0.0
     comm_s: float = 0.0  # communication that was NOT hidden under computation
+    # When those waits happened (``time.perf_counter`` start and end, as :meth:`waited` records
+    # them), so that the timeline shows them where they were instead of laying durations out in
+    # order: one preemption of a few milliseconds inside a step is enough for a layout by
+    # durations to put sync SGD's wait after its update.
+    comm_spans: list[tuple[float, float]] = field(default_factory=list)
+
+    def waited(self, start: float, end: float) -> None:
+        """Count the exposed communication from ``start`` to ``end`` (method clock readings)."""
+        self.comm_s += end - start
+        if end > start:
+            self.comm_spans.append((start, end))
 
 
 @dataclass(frozen=True)

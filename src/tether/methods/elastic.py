@@ -64,7 +64,7 @@ class ElasticServerMethod(ServerMethod):
             center = self.link.exchange(self.flat, MessageKind.PARAMS, self.local_step)
             if center is not None:
                 elastic_worker_update(self.flat, center, self.alpha)
-            times.comm_s += self.clock() - start
+            times.waited(start, self.clock())
         return loss
 
     # -- server ----------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ class HogwildEASGD(HogwildMethod):
         if self.local_step % self.tau == 0:
             start = self.clock()
             self.exchange()
-            times.comm_s += self.clock() - start
+            times.waited(start, self.clock())
         return loss
 
     def exchange(self) -> None:

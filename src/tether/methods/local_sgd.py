@@ -52,7 +52,7 @@ class LocalSGD(ReplicatedMethod):
             start = self.clock()
             self.reducer.start(self.flat, average=True).wait()
             self.rounds += 1
-            times.comm_s += self.clock() - start
+            times.waited(start, self.clock())
         return loss
 
     def summary_extra(self) -> dict[str, Any]:

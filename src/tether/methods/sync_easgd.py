@@ -62,7 +62,7 @@ class SyncEASGD(TrainingMethod):
         self.local_step += 1
         times.compute_s += self.clock() - start
         if self.local_step % self.config.tau == 0:
-            times.comm_s += self._complete_round()
+            times.waited(*self._complete_round())
             start = self.clock()
             self._sum = self.flat - self.center  # d_i, with the center every rank holds
             self.flat.sub_(self._sum, alpha=self.alpha)  # the worker moves now
@@ -70,7 +70,7 @@ class SyncEASGD(TrainingMethod):
             self.rounds += 1
             times.compute_s += self.clock() - start
             if not self.config.overlap:
-                times.comm_s += self._complete_round()
+                times.waited(*self._complete_round())
         return loss
 
     def _all_reduce_async(self, flat: torch.Tensor) -> list[PendingReduce]:
@@ -83,17 +83,18 @@ class SyncEASGD(TrainingMethod):
             offset += p.numel()
         return [self.reducer.start(piece, average=False) for piece in pieces]
 
-    def _complete_round(self) -> float:
-        """Wait for the last round's sum and move the center; returns the seconds waited."""
-        if self._pending is None:
-            return 0.0
+    def _complete_round(self) -> tuple[float, float]:
+        """Wait for the last round's sum and move the center; returns when the wait began and
+        ended (the same reading twice when no round was in flight)."""
         start = self.clock()
+        if self._pending is None:
+            return start, start
         for handle in self._pending:
             handle.wait()
         self._pending = None
-        waited = self.clock() - start
+        end = self.clock()
         self.center.add_(self._sum, alpha=self.alpha)
-        return waited
+        return start, end
 
     def finish(self, totals: PhaseTotals | None) -> None:
         del totals

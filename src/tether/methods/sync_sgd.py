@@ -47,11 +47,11 @@ class SyncSGD(ReplicatedMethod):
         self.bucketer.start_step()
         loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
-        waited = self.bucketer.finish()
+        wait_start, wait_end = self.bucketer.finish()
         self.rounds += 1
         self.optimizer.step()
-        times.comm_s += waited
-        times.compute_s += self.clock() - start - waited
+        times.waited(wait_start, wait_end)
+        times.compute_s += self.clock() - start - (wait_end - wait_start)
         return float(loss.detach())
 
     def summary_extra(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """How the trainer lays one training step out on the timeline (:mod:`tether.observe.timeline`).
 
-Methods report how long a step spent in data loading, computation and exposed communication, not
-when; the optimizer update is timed by torch's global optimizer hooks. :class:`StepTracer` turns
-those durations into non-overlapping spans inside the step (viewers drop spans that overlap
-without nesting), placing each piece in the gaps the exactly timed pieces leave.
+Methods report how long a step spent computing and when it waited for communication
+(:class:`~tether.methods.base.StepTimes`); the optimizer update is timed by torch's global
+optimizer hooks. :class:`StepTracer` places the waits and updates where they happened and lays the
+computation (and any wait a method reports as a duration only) out in the gaps they leave, as
+non-overlapping spans inside the step (viewers drop spans that overlap without nesting).
 """
 
 from __future__ import annotations
@@ -88,19 +89,23 @@ def place_in_gaps(
         room = length - used
         return seconds - room <= 100e-6 + 0.1 * seconds or room >= seconds / 2
 
-    # Which gap each piece goes in: in order, moving on when it does not fit what is left.
+    # Which gap each piece goes in: in order, moving on when it does not fit what is left. The
+    # first piece begins the step (every method starts with forward and backward) and stays in
+    # the first gap whatever its length: a method's compute time can include a stall after its
+    # last known interval (a preemption, a garbage collection), which must not move it later.
     groups: list[list[tuple[str, str, float]]] = [[] for _ in gaps]
-    index, used = 0, 0.0
+    index, used, first = 0, 0.0, True
     for name, cat, seconds in pieces:
         if seconds <= 0:
             continue
-        if not fits(used, seconds, gaps[index][1] - gaps[index][0]):
+        if not first and not fits(used, seconds, gaps[index][1] - gaps[index][0]):
             for later in range(index + 1, len(gaps)):  # none fits: it stays, and is cut below
                 if fits(0.0, seconds, gaps[later][1] - gaps[later][0]):
                     index, used = later, 0.0
                     break
         groups[index].append((name, cat, seconds))
         used += seconds
+        first = False
     # Pieces longer together than their gap give up the excess from the first one: a method's
     # compute time is where the extra statements are counted; its measured wait is kept whole.
     placed = []
@@ -144,10 +149,18 @@ class StepTracer:
         return time.perf_counter()
 
     def step(
-        self, step: int, begin: float, data_s: float, called: float, compute_s: float, comm_s: float
+        self,
+        step: int,
+        begin: float,
+        data_s: float,
+        called: float,
+        compute_s: float,
+        comm_s: float,
+        comm_spans: Sequence[tuple[float, float]] = (),
     ) -> None:
         """Record step ``step``: it began (data loading) at ``begin``, the method was called at
-        ``called`` and has just returned; ``compute_s``/``comm_s`` are the method's StepTimes."""
+        ``called`` and has just returned; ``compute_s``, ``comm_s`` and ``comm_spans`` (when
+        the waits happened, where the method says) are the method's StepTimes."""
         returned = time.perf_counter()
         self.in_step = False
         record, updates = self.timeline.record, self.updates
@@ -156,11 +169,17 @@ class StepTracer:
         # The method's compute includes the updates timed apart: what is left is forward and
         # backward (with no torch optimizer, e.g. EASGD's fused update, it stays "compute").
         compute_s -= sum(end - start for start, end in updates)
+        # Waits whose times are known go where they happened; only a remainder (a method that
+        # reports durations alone) is laid out by duration with the computation.
+        unplaced_comm_s = comm_s - sum(end - start for start, end in comm_spans)
         pieces = [
             ("forward+backward" if updates else "compute", "compute", compute_s),
-            ("comm wait", "comm", comm_s),
+            ("comm wait", "comm", unplaced_comm_s if unplaced_comm_s > 1e-6 else 0.0),
         ]
-        for name, cat, start, end in place_in_gaps(called, returned, pieces, updates):
+        known = [*updates, *comm_spans]
+        for name, cat, start, end in place_in_gaps(called, returned, pieces, known):
             record(name, cat, start, end, step=step)
+        for start, end in comm_spans:
+            record("comm wait", "comm", start, end, step=step)
         for start, end in updates:
             record("optimizer step", "compute", start, end, step=step)

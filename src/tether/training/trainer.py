@@ -194,7 +194,13 @@ class Trainer:
                 step += 1
                 if tracing:
                     self.step_tracer.step(
-                        step, begin, data_s, called, times.compute_s, times.comm_s
+                        step,
+                        begin,
+                        data_s,
+                        called,
+                        times.compute_s,
+                        times.comm_s,
+                        times.comm_spans,
                     )
                 self.totals.add(data_s, times.compute_s, times.comm_s, len(idx))
                 step_s = data_s + times.compute_s + times.comm_s
