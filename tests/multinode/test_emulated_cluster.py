@@ -54,7 +54,7 @@ def cluster() -> Iterator[EmulatedCluster]:
 
 
 def _ok(result: TorchrunResult) -> None:
-    assert result.ok, f"{result.failure()}\n{result.output()[-6000:]}"
+    assert result.ok, f"{result.failure()}\n{result.output(tail=5000)}"
 
 
 def _tx_bytes(cluster: EmulatedCluster, i: int) -> int:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tether.comm.collectives import COLLECTIVES, collectives_for
+from tether.launch.teardown import before_init_process_group, shut_down_process_group
 
 LENGTHS = (1, 3, 7, 1000, 100_003)
 BIG = 500_000  # elements of the all-reduces whose cross-node bytes are counted
@@ -54,6 +55,7 @@ def node_tx(run: Callable[[], object]) -> int:
 def main() -> int:
     out = Path(sys.argv[1])
     torch.set_num_threads(1)
+    before_init_process_group()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     failures: list[str] = []
@@ -140,7 +142,7 @@ def main() -> int:
             "big_elements": BIG,
         }
         out.write_text(json.dumps(result, indent=1))
-    dist.destroy_process_group()
+    shut_down_process_group()
     return 0
 
 

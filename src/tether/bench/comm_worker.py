@@ -125,10 +125,10 @@ class Placement:
         self.local_rank = transport.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 
     def close(self) -> None:
-        import torch.distributed as dist
+        from tether.launch.teardown import shut_down_process_group
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.transport = None  # the group's backend goes with the last reference to it
+        shut_down_process_group()
 
 
 def predictor(transport: Any, args: CommBenchArgs) -> tuple[Predict | None, dict[str, Any]]:
@@ -158,7 +158,6 @@ def run(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     args = args_from_namespace(ns)
     deadline = Deadline(ns.out, args.timeout_s)
-    placement: Placement | None = None
     try:
         torch.set_num_threads(1)  # N ranks on a few cores must not oversubscribe them
         placement = Placement(args)
@@ -167,9 +166,9 @@ def run(argv: list[str] | None = None) -> None:
         deadline.name_rank(hang_file(ns.out, placement.transport.rank))
         _run_rank(placement, args, ns)
     finally:
-        if placement is not None:
-            placement.close()
         deadline.cancel()
+    # After a clean run only (why: tether.launch.worker.run_worker).
+    placement.close()
 
 
 def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace) -> None:

@@ -168,3 +168,4 @@ class GradientBucketer:
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
+        self._hooks.clear()

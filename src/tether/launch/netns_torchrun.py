@@ -63,9 +63,14 @@ class TorchrunResult:
             return None
         return "; ".join(f"node {n.node} {describe_exit(n.returncode or 0)}" for n in failed)
 
-    def output(self) -> str:
-        """Every node's output, each under a header (for a failing test's message)."""
-        return "\n".join(f"===== node {n.node} =====\n{n.output}" for n in self.nodes)
+    def output(self, tail: int | None = None) -> str:
+        """Every node's output, each under a header (for a failing test's message); with
+        ``tail``, only the last ``tail`` characters of each node's, so that the node whose
+        error started the failure is not cut off by another node's long traceback."""
+        return "\n".join(
+            f"===== node {n.node} =====\n{n.output if tail is None else n.output[-tail:]}"
+            for n in self.nodes
+        )
 
 
 def torchrun_argv(

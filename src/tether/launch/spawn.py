@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from tether.launch.env import prepare_local_environment
 from tether.launch.local import free_port
+from tether.launch.teardown import before_init_process_group, shut_down_process_group
 
 
 class SpawnedError(RuntimeError):
@@ -42,6 +43,7 @@ def _plain(value: Any) -> Any:
 def _child(rank, world_size, port, fn, args, results, timeout_s) -> None:
     torch.set_num_threads(1)
     try:
+        before_init_process_group()
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -53,8 +55,7 @@ def _child(rank, world_size, port, fn, args, results, timeout_s) -> None:
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        shut_down_process_group()
 
 
 def run_spawned(

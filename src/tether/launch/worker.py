@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
+from tether.launch.teardown import before_init_process_group, shut_down_process_group
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     tensors (the payloads) and gloo for CPU tensors, so the small control tensors that stay on
     the CPU (evaluation totals, stop flags, message headers, any-source receives, which NCCL
     does not have) need no copy to the GPU and no special case in the callers."""
+    before_init_process_group()
     dist.init_process_group(
         "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
         rank=env.rank,
@@ -84,7 +86,8 @@ def run_worker(config_toml: str) -> None:
 
     config = apply_overrides(TrainConfig(), tomllib.loads(config_toml))
     placement = init_worker(config)
-    try:
-        Trainer(config, placement).run()
-    finally:
-        dist.destroy_process_group()
+    # After a clean run only. After an error the group is left as it is: closing this rank's
+    # connections before ``record`` has written the error would let a peer fail first on the
+    # closed connection and be reported as the cause; the process exits right after anyway.
+    Trainer(config, placement).run()
+    shut_down_process_group()

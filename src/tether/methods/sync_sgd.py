@@ -22,6 +22,7 @@ from tether.comm.fusion import GradientBucketer
 from tether.methods.base import MethodContext, StepTimes
 from tether.methods.registry import METHODS
 from tether.methods.replicated import ReplicatedMethod, average_buffers
+from tether.observe.metrics import PhaseTotals
 
 
 @METHODS.register("sync-sgd", help="synchronous SGD: bucketed all-reduce of gradients, overlapped")
@@ -53,6 +54,13 @@ class SyncSGD(ReplicatedMethod):
         times.waited(wait_start, wait_end)
         times.compute_s += self.clock() - start - (wait_end - wait_start)
         return float(loss.detach())
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        super().finish(totals)
+        # The gradient hooks hold the bucketer, and through it the transport and the group's
+        # backend, in a cycle through autograd that the garbage collector cannot break; left in
+        # place they keep the backend alive into the interpreter's exit (tether.launch.teardown).
+        self.bucketer.remove()
 
     def summary_extra(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "buckets": len(self.bucketer.layout.buckets)}
