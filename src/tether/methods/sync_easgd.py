@@ -85,10 +85,11 @@ class SyncEASGD(TrainingMethod):
 
     def _complete_round(self) -> tuple[float, float]:
         """Wait for the last round's sum and move the center; returns when the wait began and
-        ended (the same reading twice when no round was in flight)."""
-        start = self.clock()
+        ended (an empty interval when no round was in flight: no clock read, which on CUDA
+        would synchronise the device for nothing)."""
         if self._pending is None:
-            return start, start
+            return 0.0, 0.0
+        start = self.clock()
         for handle in self._pending:
             handle.wait()
         self._pending = None
