@@ -42,8 +42,8 @@ demo: install data
 	$(BIN)/tether train
 
 lint: dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
 test: dev data lint

@@ -45,8 +45,8 @@ from typing import Any
 
 from _comm_tables import MiB, bench, by_size, goal, human, sizes, time_table
 from _common import ForeignLoad, machine, machine_slug, write_result
-from tether.bench.comm import OPS
 from tether.bench.comm_report import mean_ratio_interval
+from tether.bench.comm_spec import OPS
 
 PARTS = (
     "allreduce",
@@ -63,9 +63,12 @@ PARTS = (
 
 def auto_choices(report: dict[str, Any], workers: int, kind: str) -> dict[int, str]:
     """What ``auto`` ran at each size: the choice of the calibration the run just measured."""
-    from tether.perf.calibration import Calibration, cache_path
+    from tether.comm.calibration.cache import cache_path
+    from tether.comm.calibration.model import Calibration
+    from tether.launch.env import cache_dir
 
-    path = cache_path("gloo", workers, workers)
+    # where the run's ranks cached it: the launcher's cache, one node of every rank
+    path = cache_path(cache_dir(), "gloo", workers, workers)
     if not path.exists():
         return {}
     calibration = Calibration.from_json(path.read_text())

@@ -1,18 +1,62 @@
 """Tether: communication-efficient distributed training for PyTorch.
 
-The public API: configs, the registries users pick from, the method protocol, and the launcher.
-The command line (``tether train``) is a thin layer over these.
+The public API::
+
+    result = tether.fit(model=..., train_data=..., loss=..., method="sync-easgd", workers=4)
+    ctx = tether.init(method="sync-easgd"); model, opt = ctx.wrap(model, opt)   # your own loop
+
+``tether.metrics`` holds the evaluation metrics (``tether.metrics.accuracy``); ``TrainConfig``
+lists every option. The command line (``tether train``) is a thin layer over the same pieces.
+Names are loaded on first use, so ``import tether`` (and ``tether --help``) stays fast.
 """
 
-from tether.config import TrainConfig, resolve_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
+
+if TYPE_CHECKING:
+    from tether import metrics
+    from tether.api.context import Context
+    from tether.api.fit import FitResult, fit
+    from tether.api.init import init
+    from tether.catalog import resolve_config
 
 __version__ = "0.1.0"
 
+# name -> (module, attribute); attribute None: the module itself
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "fit": ("tether.api.fit", "fit"),
+    "init": ("tether.api.init", "init"),
+    "Context": ("tether.api.context", "Context"),
+    "FitResult": ("tether.api.fit", "FitResult"),
+    "metrics": ("tether.metrics", None),
+    "resolve_config": ("tether.catalog", "resolve_config"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tether' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "Context",
+    "FitResult",
     "TetherError",
     "TrainConfig",
     "WorkerFailure",
     "__version__",
+    "fit",
+    "init",
+    "metrics",
     "resolve_config",
 ]

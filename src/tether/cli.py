@@ -1,5 +1,5 @@
-"""The ``tether`` command line: ``tether train``, ``tether compare``, ``tether bench`` and
-``tether list``.
+"""The ``tether`` command line: ``tether train``, ``tether launch``, ``tether compare``,
+``tether bench`` and ``tether list``.
 
 User mistakes print one line (``tether: error: ...``) and exit with code 2, without a traceback;
 a failed worker prints which rank failed and why and exits with code 1.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,6 +66,27 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ),
     ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
     ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
+    (
+        "--optimizer",
+        "optimizer",
+        str,
+        "auto (the method's own) | sgd | adam | adamw | module:factory (params -> Optimizer)",
+    ),
+    (
+        "--lr-schedule",
+        "lr_schedule",
+        str,
+        "constant | step | cosine | module:factory (optimizer -> LRScheduler)",
+    ),
+    ("--warmup-steps", "warmup_steps", int, "linear learning-rate warm-up over N steps"),
+    ("--loss", "loss", str, "cross-entropy | mse | l1 | module:function"),
+    (
+        "--accumulate",
+        "accumulate",
+        int,
+        "backward passes per optimizer step (gradient accumulation)",
+    ),
+    ("--target", "target", str, "a test metric to time, e.g. 'accuracy>=0.9' or 'loss<=0.3'"),
     ("--alpha", "alpha", float, "EASGD elastic rate (default: 0.9 / workers)"),
     ("--rho", "rho", float, "EASGD elastic coefficient: alpha = lr * rho"),
     ("--tau", "tau", int, "communication period in local steps (EASGD, local-sgd, async)"),
@@ -90,6 +112,21 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         help="write DIR/timeline.json, a Chrome trace of compute and communication per rank",
     )
     parser.add_argument(
+        "--metric",
+        dest="metrics",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help="evaluation metric (accuracy, mae, mse, or module:function), repeatable",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        dest="tensorboard",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also write TensorBoard event files to DIR/tensorboard",
+    )
+    parser.add_argument(
         "--no-progress",
         dest="progress",
         action="store_false",
@@ -113,17 +150,26 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+FLAG_KEYS = ("stop_at_target", "progress", "timeline", "tensorboard", "metrics")
+
+
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The config keys the command line sets (options and --set), for the warnings about
+    settings the method ignores."""
+    from tether.config import parse_set_options
+
+    keys = {key for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
+    keys |= {key for key in FLAG_KEYS if hasattr(args, key)}
+    return keys | set(parse_set_options(args.overrides))
+
+
 def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfig], str]):
     """Defaults <- resumed run's config <- --config file <- --set <- explicit options."""
-    from tether.config import (
-        apply_overrides,
-        load_toml,
-        parse_set_options,
-        resolve_config,
-    )
+    from tether.catalog import resolve_config
+    from tether.config import apply_overrides, load_toml, parse_set_options
 
     explicit = {key: getattr(args, key) for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
-    for key in ("stop_at_target", "progress", "timeline"):
+    for key in FLAG_KEYS:
         if hasattr(args, key):
             explicit[key] = getattr(args, key)
     overrides = {**parse_set_options(args.overrides), **explicit}
@@ -141,22 +187,23 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tether.data import check_dataset
-    from tether.launch.local import launch_local
+    from tether.catalog import check_data, warn_ignored
     from tether.methods import METHODS
     from tether.observe.summary import human_summary
+    from tether.runner import launch_training
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
+    warn_ignored(config, given_keys(args))
     # Fail on missing or corrupt data here, in one line, before any worker starts.
-    check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    check_data(config)
     processes = config.workers + METHODS.get(config.method).server_processes
     print(
         f"tether: {config.method} on {config.workers} workers ({processes} processes), "
         f"{config.model} / {config.dataset}, run directory {config.out}",
         file=sys.stderr,
     )
-    launch_local(config, processes)
+    launch_training(config)
     import json
 
     summary = json.loads((Path(config.out) / "summary.json").read_text())
@@ -181,6 +228,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return config_from_args(per_method, lambda c: str(config.out))
 
     return run_comparison(config, methods, config_for)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from tether.launch.local import launch_script
+    from tether.methods import METHODS
+
+    if args.workers < 1:
+        raise TetherError(f"--workers must be >= 1, got {args.workers}")
+    script = Path(args.script)
+    if not script.is_file():
+        raise TetherError(f"no script {script}: tether launch runs a Python file")
+    servers, tolerant = 0, False
+    if args.method is not None:
+        method = METHODS.get(args.method)
+        servers = method.server_processes
+        tolerant = bool(getattr(method, "tolerates_worker_loss", False))
+    processes = args.workers + servers
+    print(
+        f"tether: {processes} processes ({args.workers} workers"
+        f"{' + 1 server' if servers else ''}) running {script}",
+        file=sys.stderr,
+    )
+    launch_script([str(script), *args.args], processes, tolerant, args.method)
+    return 0
 
 
 def cmd_bench_comm(args: argparse.Namespace) -> int:
@@ -210,12 +281,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tether.comm.collectives import COLLECTIVES
     from tether.data import DATASETS
     from tether.methods import METHODS
+    from tether.metrics import METRICS
     from tether.models import MODELS
+    from tether.optim import OPTIMIZERS, SCHEDULES
+    from tether.training.objective import LOSSES
 
     registries = (
         ("methods", METHODS),
-        ("models", MODELS),
-        ("datasets", DATASETS),
+        ("models (or --model module:factory)", MODELS),
+        ("datasets (or --dataset module:loader returning (train, eval))", DATASETS),
+        ("losses (or --loss module:function)", LOSSES),
+        ("optimizers (--optimizer; auto = the method's own local step)", OPTIMIZERS),
+        ("learning-rate schedules (--lr-schedule, with --warmup-steps)", SCHEDULES),
+        ("metrics (--metric)", METRICS),
         ("collectives (--allreduce, tether bench comm --algo)", COLLECTIVES),
     )
     for title, registry in registries:
@@ -280,13 +358,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_options(compare)
     compare.set_defaults(func=cmd_compare)
+    launch = sub.add_parser(
+        "launch",
+        help="run your own training script on local worker processes (tether.init inside)",
+        description="Start SCRIPT in --workers local processes under torch's elastic agent, as "
+        "torchrun would, with the environment tether.init() reads. With --method, a method "
+        "with a parameter server gets one more process (rank 0), tether.init() uses that "
+        "method when the script names none, and asynchronous methods survive a lost worker.",
+    )
+    launch.add_argument("--workers", type=int, default=2, help="computing workers (default 2)")
+    launch.add_argument("--method", help="the training method the script runs (tether list)")
+    launch.add_argument("script", help="the Python script to run")
+    launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    launch.set_defaults(func=cmd_launch)
     add_bench_parser(sub)
     listing = sub.add_parser("list", help="list methods, models and data sets")
     listing.set_defaults(func=cmd_list)
     return parser
 
 
+def _one_line_warnings() -> None:
+    """Warnings (a setting the method ignores, ...) as one line each, like errors."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"tether: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command_line = ["tether", *(sys.argv[1:] if argv is None else argv)]

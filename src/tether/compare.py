@@ -78,15 +78,13 @@ def shared_settings(config: TrainConfig, target: float, target_is_default: bool)
 
 def run_one(config: TrainConfig, method: str, run_dir: Path, target: float) -> Row:
     """Train ``method`` as a normal run in ``run_dir``; a failure becomes a failed row."""
-    from tether.launch.local import launch_local
-    from tether.methods import METHODS
+    from tether.runner import launch_training
 
     start = time.perf_counter()
     try:
         method_config = apply_overrides(config, {"method": method, "out": str(run_dir)})
         method_config.validate()
-        processes = method_config.workers + METHODS.get(method).server_processes
-        launch_local(method_config, processes)
+        launch_training(method_config)
         summary_path = run_dir / "summary.json"
         if not summary_path.exists():
             raise TetherError(f"the run finished without writing {summary_path}")
@@ -107,13 +105,13 @@ def run_comparison(
     that method's own tuned defaults); without it every method runs ``config``.
     Returns 0 if at least one method succeeded; raises WorkerFailure otherwise.
     """
-    from tether.data import check_dataset
+    from tether.catalog import check_data
     from tether.methods import METHODS
 
     assert config.out is not None
     out = Path(config.out)
     # Missing or corrupt data fail here, in one line, before any run starts.
-    check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    check_data(config)
     target_is_default = config.target_accuracy is None
     target = DEFAULT_TARGET if config.target_accuracy is None else config.target_accuracy
     # Every run times itself against the same target, so its own summary agrees with the table.

@@ -3,15 +3,20 @@
 A config is data only: process groups, modules and optimizers are runtime arguments, never fields
 (DESIGN.md convention 1). Variants are made with :func:`dataclasses.replace`. Every mistake a user
 can make here is a :class:`~tether.errors.TetherError` with a one-line message.
+
+This module is a leaf: it checks ranges and formats, not names. Which names exist (methods, models,
+data sets, optimizers, ...) is :mod:`tether.catalog`'s business, which also applies a method's
+tuned defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,9 @@ class TrainConfig:
 
     method: str = "sync-easgd"
     workers: int = 2
+    # A registered name (`tether list`) or an import path ``module:attr``: for the model a
+    # zero-argument callable returning an nn.Module (or an nn.Module class); for the data set a
+    # callable returning ``(train, eval)`` map-style datasets (eval may be None).
     model: str = "lenet5"
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
@@ -40,8 +48,32 @@ class TrainConfig:
     batch_size: int = 64  # per worker; the global batch is batch_size * workers
     lr: float = 0.05
     momentum: float = 0.9
+    nesterov: bool = False
     weight_decay: float = 0.0
+    # The local update: "auto" (the method's own: momentum SGD for sync-sgd and local-sgd, plain
+    # SGD for the EASGD workers, EAMSGD's Nesterov step for async-measgd, ...), a name (sgd, adam,
+    # adamw) or an import path to a factory ``params -> torch.optim.Optimizer``.
+    optimizer: str = "auto"
+    # Learning-rate schedule, stepped per optimizer step: constant, step, cosine, or an import
+    # path to a factory ``optimizer -> LRScheduler``; a linear warm-up over warmup_steps first.
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    lr_decay_every: int = 0  # the step schedule's period (0: a third of the run)
+    lr_decay: float = 0.1  # the step schedule's factor
+    # The loss: cross-entropy, mse, l1, or an import path to ``loss(outputs, targets)`` or
+    # ``loss(model, batch)`` (named so) returning a scalar tensor.
+    loss: str = "cross-entropy"
+    label_smoothing: float = 0.0  # cross-entropy only
+    # Evaluation metrics: names (accuracy) or import paths to ``metric(outputs, targets) ->
+    # float``, averaged over the evaluation set; empty: the loss, plus accuracy for classifiers.
+    metrics: tuple[str, ...] = ()
+    # Backward passes per optimizer step (gradient accumulation): the batch of one update is
+    # batch_size * workers * accumulate, and communication happens once per update.
+    accumulate: int = 1
     seed: int = 0
+    # A test-metric threshold to time (and, with stop_at_target, stop at): "accuracy>=0.88",
+    # "loss<=0.3". target_accuracy=0.88 is the same as target="accuracy>=0.88".
+    target: str | None = None
     target_accuracy: float | None = None
     stop_at_target: bool = False
     # Evaluate every this many steps; 0 picks about four evaluations per epoch.
@@ -61,6 +93,12 @@ class TrainConfig:
     ranks_per_node: int = 0
     # Write DIR/timeline.json, a Chrome trace of compute and communication per rank.
     timeline: bool = False
+    # Also write TensorBoard event files to DIR/tensorboard (needs the tensorboard package).
+    tensorboard: bool = False
+    eval_batch_size: int = 1000
+    # DataLoader worker processes per training worker for datasets that are not in-memory
+    # tensors (0: load in the training process).
+    loader_workers: int = 0
     checkpoint_every: int = 0
     # Elastic averaging (EASGD family): alpha directly, or rho with alpha = lr * rho; neither
     # gives the EASGD paper's beta = workers * alpha = 0.9.
@@ -88,6 +126,15 @@ class TrainConfig:
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.workers
+
+    @property
+    def target_spec(self) -> Target | None:
+        """The target as a metric, a direction and a threshold (None: no target)."""
+        if self.target is not None:
+            return parse_target(self.target)
+        if self.target_accuracy is not None:
+            return Target("accuracy", True, self.target_accuracy)
+        return None
 
     def validate(self) -> TrainConfig:
         """Check ranges and names; returns self so calls chain. Raises TetherError on bad input."""
@@ -135,27 +182,78 @@ class TrainConfig:
                 f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}"
                 " (write 0.88 for 88%)",
             )
-        # Names are checked against the registries so a typo fails before any process starts.
-        from tether.data import DATASETS
-        from tether.methods import METHODS
-        from tether.models import MODELS
-
-        METHODS.get(self.method)
-        from tether.comm.collectives import collectives_for
-
-        valid = ["auto", *collectives_for("all_reduce")]
+            _require(
+                self.target is None,
+                "give target_accuracy or target, not both (target_accuracy=0.88 is "
+                'target="accuracy>=0.88")',
+            )
+        if self.target is not None:
+            parse_target(self.target)
+        _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.lr_decay_every >= 0, "lr_decay_every must be >= 0")
+        _require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
         _require(
-            self.allreduce in valid,
-            f"unknown all-reduce algorithm {self.allreduce!r}; valid: {', '.join(valid)}",
+            0 <= self.label_smoothing < 1,
+            f"label_smoothing must be in [0, 1), got {self.label_smoothing}",
         )
-        MODELS.get(self.model)
-        DATASETS.get(self.dataset)
+        _require(self.accumulate >= 1, f"accumulate must be >= 1, got {self.accumulate}")
+        _require(self.eval_batch_size >= 1, "eval_batch_size must be >= 1")
+        _require(self.loader_workers >= 0, "loader_workers must be >= 0")
         return self
 
     def to_toml(self) -> str:
         # TOML has no null: unset optional fields are simply absent and read back as None.
-        data = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        data = {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(self).items()
+            if v is not None
+        }
         return tomli_w.dumps(data)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A test-metric threshold: reached when ``metric >= value`` (``above``) or ``<= value``."""
+
+    metric: str
+    above: bool
+    value: float
+
+    def reached(self, value: float) -> bool:
+        return value >= self.value if self.above else value <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{'>=' if self.above else '<='}{self.value:g}"
+
+
+# Metrics where lower is better, when a target gives no direction.
+_LOWER_IS_BETTER = re.compile(r"(loss|error|mse|mae|rmse|perplexity)$")
+_TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
+
+
+def parse_target(text: str) -> Target:
+    """``"accuracy>=0.88"`` or ``"loss<=0.3"`` (``>``/``<`` mean the same) into a Target."""
+    match = _TARGET.match(text)
+    value = None
+    if match:
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            value = None
+    if match is None or value is None:
+        raise TetherError(
+            f"target must look like 'accuracy>=0.88' or 'loss<=0.3' (a metric, >= or <=, a "
+            f"number), got {text!r}"
+        )
+    return Target(match.group(1), match.group(2).startswith(">"), value)
+
+
+def target_text(metric: str, value: float, above: bool | None = None) -> str:
+    """The ``target`` string for a metric and threshold; the direction, when not given, is
+    "lower is better" for losses and errors and "higher" otherwise."""
+    if above is None:
+        above = _LOWER_IS_BETTER.search(metric) is None
+    return str(Target(metric, above, float(value)))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -174,6 +272,11 @@ def _field_types() -> dict[str, Any]:
 def _coerce(key: str, value: Any) -> Any:
     """Check ``value`` against the declared type of ``key``; ints are accepted for floats."""
     hint = _field_types()[key]
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]: a list of strings (or one string)
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list | tuple) and all(isinstance(v, str) for v in items):
+            return tuple(items)
+        raise TetherError(f"config key {key!r} must be a list of strings, got {value!r}")
     allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if value is None and type(None) in allowed:
         return None
@@ -234,22 +337,16 @@ def resolve_config(
     file: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     base: TrainConfig | None = None,
+    method_defaults: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> TrainConfig:
     """Defaults (or ``base``) <- the method's own defaults <- config file <- explicit overrides,
-    validated. A method's defaults (e.g. a larger learning rate for plain-SGD local steps) apply
-    only to keys that the file and the overrides leave unset."""
+    validated. ``method_defaults(name)`` gives a method's tuned defaults (e.g. a larger learning
+    rate for plain-SGD local steps); they apply only to keys that the file and the overrides
+    leave unset, and only when starting from the defaults (a resumed run's config has them)."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()
-    if base is None:
-        config = apply_overrides(config, method_defaults(given.get("method", config.method)))
+    method = given.get("method", config.method)
+    if base is None and method_defaults is not None and isinstance(method, str):
+        config = apply_overrides(config, method_defaults(method))
     return apply_overrides(config, given).validate()
-
-
-def method_defaults(method: object) -> dict[str, Any]:
-    """The tuned defaults a method declares (empty for an unknown name: validation reports it)."""
-    from tether.methods import METHODS
-
-    if not isinstance(method, str) or method not in METHODS:
-        return {}
-    return dict(METHODS.get(method).defaults)

@@ -21,8 +21,9 @@ class Registry(Generic[T]):
     ``kind`` is the word used in error messages ("method", "model", ...).
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, plural: str | None = None) -> None:
         self.kind = kind
+        self.plural = plural or f"{kind}s"
         self._items: dict[str, T] = {}
         self._help: dict[str, str] = {}
 
@@ -44,7 +45,7 @@ class Registry(Generic[T]):
         except KeyError:
             valid = ", ".join(self._items)
             raise TetherError(
-                f"unknown {self.kind} {name!r}; valid {self.kind}s: {valid}"
+                f"unknown {self.kind} {name!r}; valid {self.plural}: {valid}"
             ) from None
 
     def names(self) -> list[str]:

@@ -16,9 +16,9 @@ from tether.cli import OneLineParser, add_train_options, config_from_args
 from tether.config import apply_overrides
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
-from tether.launch.worker import run_worker
 from tether.methods import METHODS
 from tether.observe.timeline import merge_after_run
+from tether.runner import run_worker
 
 
 def main(argv: list[str] | None = None) -> int:

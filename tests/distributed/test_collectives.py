@@ -21,26 +21,32 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.collective_checks import Checks, close, gathered, sample
+from tether.comm.calibration.model import Calibration
+from tether.comm.calibration.timed_algorithms import candidates
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.auto import Auto
-from tether.comm.collectives.base import PeerStalled
+from tether.comm.collectives.base import Collective, PeerStalled
 from tether.comm.collectives.chain import Chain
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.errors import TetherError
 from tether.launch.spawn import run_spawned
-from tether.perf.calibration import Calibration
-from tether.perf.timed_algorithms import candidates
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 ALL_REDUCE = [n for n in collectives_for("all_reduce") if n not in ("naive", "native")]
-BROADCAST = [COLLECTIVES.get(n) for n in collectives_for("broadcast") if n != "native"]
-BROADCAST.append(Chain(chunks=5))  # uneven chunks, and more chunks than elements for short n
+BROADCAST = [n for n in collectives_for("broadcast") if n != "native"]
+UNEVEN_CHAIN = Chain(chunks=5)  # uneven chunks, and more chunks than elements for short n
 ALL_GATHER = collectives_for("all_gather")  # native included: its padded path for uneven chunks
+
+
+def _algorithms(names: list[str], auto: Auto) -> list[Collective]:
+    """The registered collectives of ``names``, but ``auto`` on the given calibration (the
+    registered one has none)."""
+    return [auto if name == "auto" else COLLECTIVES.get(name) for name in names]
 
 
 def _node_splits(world: int) -> list[Hierarchical]:
     """Hierarchical collectives over emulated nodes of every size that divides the group but
-    the whole group (the registered one, without a launcher, treats the group as one node)."""
+    the whole group (the registered one, given no node size, treats the group as one node)."""
     return [Hierarchical(ranks_per_node=g) for g in range(1, world) if world % g == 0]
 
 
@@ -70,7 +76,8 @@ def _run(name, kind, data, op="sum", root=0, group=None) -> torch.Tensor:
     return tensor
 
 
-def _all_reduces(rank: int, world: int, checks: Checks) -> None:
+def _all_reduces(rank: int, world: int, checks: Checks, auto: Auto) -> None:
+    algorithms = _algorithms(ALL_REDUCE, auto) + _node_splits(world)
     seed = 0
     for n in _lengths(world):
         for dtype in DTYPES:
@@ -81,7 +88,7 @@ def _all_reduces(rank: int, world: int, checks: Checks) -> None:
                 abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
                 naive = _run("naive", "all_reduce", inputs[rank], op)
                 native = _run("native", "all_reduce", inputs[rank], op)
-                for name in ALL_REDUCE + _node_splits(world):
+                for name in algorithms:
                     ours = _run(name, "all_reduce", inputs[rank], op)
                     case = f"{name} all_reduce P={world} n={n} {dtype} {op}"
                     checks.expect(close(ours, naive, op, world, abs_sum), f"{case} vs naive")
@@ -93,20 +100,21 @@ def _all_reduces(rank: int, world: int, checks: Checks) -> None:
     inputs = [sample(99, r, n, torch.float32) for r in range(world)]
     abs_sum = torch.stack([x.double().abs() for x in inputs]).sum(0)
     native = _run("native", "all_reduce", inputs[rank], "sum")
-    for name in ALL_REDUCE + _node_splits(world):
+    for name in algorithms:
         ours = _run(name, "all_reduce", inputs[rank], "sum")
         case = f"{name} all_reduce P={world} n={n}"
         checks.expect(close(ours, native, "sum", world, abs_sum), f"{case} vs native")
         checks.expect(_identical_everywhere(ours), f"{case}: ranks differ")
 
 
-def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
+def _broadcasts_and_reduces(rank: int, world: int, checks: Checks, auto: Auto) -> None:
+    broadcasts = [*_algorithms(BROADCAST, auto), UNEVEN_CHAIN, *_node_splits(world)]
     root = world - 1  # a non-zero root
     for n in _lengths(world):
         for dtype in DTYPES:
             data = sample(7, rank, n, dtype)
             native = _run("native", "broadcast", data, root=root)
-            for collective in BROADCAST + _node_splits(world):
+            for collective in broadcasts:
                 ours = _run(collective, "broadcast", data, root=root)
                 what = f"{collective} broadcast P={world} n={n} {dtype}"
                 checks.expect(torch.equal(ours, native), what)
@@ -121,7 +129,7 @@ def _broadcasts_and_reduces(rank: int, world: int, checks: Checks) -> None:
                         checks.expect(ok, f"{name} reduce P={world} n={n} {dtype} {op}")
 
 
-def _all_gathers(rank: int, world: int, checks: Checks) -> None:
+def _all_gathers(rank: int, world: int, checks: Checks, auto: Auto) -> None:
     """Exact, on every rank, for lengths below P, not divisible by P and 1M elements; the other
     ranks' chunks of this rank's input hold other values, which must all be overwritten."""
     # an all-gather only moves bytes: every dtype at one length, float32 at the others
@@ -130,7 +138,7 @@ def _all_gathers(rank: int, world: int, checks: Checks) -> None:
     for seed, (n, dtype) in enumerate(cases):
         inputs = [sample(100 + seed, r, n, dtype) for r in range(world)]
         expected = gathered(inputs)
-        for name in ALL_GATHER:
+        for name in _algorithms(ALL_GATHER, auto):
             ours = _run(name, "all_gather", inputs[rank])
             checks.expect(torch.equal(ours, expected), f"{name} all_gather P={world} n={n} {dtype}")
     matrix = torch.full((3, world), -1.0).t()  # not contiguous; chunk r is (logical) row r
@@ -162,7 +170,7 @@ def _odd_cases(rank: int, world: int, checks: Checks) -> None:
             checks.expect(torch.equal(out, torch.full((5,), float(members[1]))), "sub chain")
 
 
-def _pipelined_pieces(rank: int, world: int, checks: Checks) -> None:
+def _pipelined_pieces(rank: int, world: int, checks: Checks, auto: Auto) -> None:
     """Large reduced chunks travel in pieces whose reduction overlaps the next transfer; with
     pieces of 4 KiB, 100000 int64 elements make dozens of them on every algorithm."""
     from tether.comm.collectives import base
@@ -171,7 +179,7 @@ def _pipelined_pieces(rank: int, world: int, checks: Checks) -> None:
     try:
         data = sample(5, rank, 100_000, torch.int64)
         native = _run("native", "all_reduce", data)
-        for name in ALL_REDUCE + _node_splits(world):
+        for name in _algorithms(ALL_REDUCE, auto) + _node_splits(world):
             ours = _run(name, "all_reduce", data)
             checks.expect(torch.equal(ours, native), f"{name} in 4 KiB pieces P={world}")
     finally:
@@ -230,17 +238,16 @@ def _scripted_calibration(world: int) -> Calibration:
 def _everything(rank: int, world: int) -> dict:
     start = time.perf_counter()
     checks = Checks()
-    auto = COLLECTIVES.get("auto")
-    assert isinstance(auto, Auto)
-    auto.calibration = _scripted_calibration(world)
+    calibration = _scripted_calibration(world)
+    auto = Auto(calibration)  # "auto" by name: built on a calibration, as every caller does
     sizes = (8, 40, 4000, 40_000, 400_000)  # inside the first five bands
-    picked = {auto.calibration.choose("all_reduce", n) for n in sizes}
+    picked = {calibration.choose("all_reduce", n) for n in sizes}
     checks.expect(len(picked) == len(sizes), f"auto would run only {sorted(picked)}")
-    _all_reduces(rank, world, checks)
-    _broadcasts_and_reduces(rank, world, checks)
-    _all_gathers(rank, world, checks)
+    _all_reduces(rank, world, checks, auto)
+    _broadcasts_and_reduces(rank, world, checks, auto)
+    _all_gathers(rank, world, checks, auto)
     _odd_cases(rank, world, checks)
-    _pipelined_pieces(rank, world, checks)
+    _pipelined_pieces(rank, world, checks, auto)
     _reused_buffers(rank, world, checks)
     return {"checks": checks.count, "failures": checks.failures, "s": time.perf_counter() - start}
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.method_drive import cross_entropy_step, loss_and_gradient
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
 from tether.errors import TetherError
 from tether.launch.spawn import SpawnedError, run_spawned
-from tether.methods import METHODS, MethodContext, StepTimes
+from tether.methods import METHODS, MethodContext
 from tether.methods.flat import flatten_parameters
-from tether.methods.local_step import loss_and_gradient
 from tether.models import build_model
 from tether.observe.metrics import PhaseTotals
 
@@ -83,7 +83,7 @@ def _run(
             dist.recv(torch.zeros(1), src=last, tag=TOKEN_TAG)
         if exchanging and index == 0:
             time.sleep(slow_first)
-        m.train_step(*_batch(step, index, workers), StepTimes())
+        cross_entropy_step(m, *_batch(step, index, workers))
         if exchanging and token and index < workers - 1:
             dist.send(torch.zeros(1), dst=rank + 1, tag=TOKEN_TAG)
         if exchanging and token and index == workers - 1 and k < exchanges - 1 and workers > 1:

@@ -30,20 +30,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import tether.methods.hogwild_easgd as hogwild_easgd
 import tether.methods.hogwild_sgd as hogwild_sgd
+from tests.method_drive import cross_entropy_step, loss_and_gradient
 from tether.comm.header import MessageKind
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.errors import TetherError
-from tether.launch.env import DistEnv
 from tether.launch.spawn import run_spawned
-from tether.methods import METHODS, MethodContext, StepTimes
+from tether.methods import METHODS, MethodContext, Placement
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import single_node
 from tether.methods.hogwild_easgd import HogwildEASGD
 from tether.methods.hogwild_sgd import HogwildSGD
-from tether.methods.local_step import PlainStep, loss_and_gradient
 from tether.models import build_model
 from tether.observe.metrics import PhaseTotals
 
@@ -161,7 +159,7 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
             if sequential and rank > 1:
                 transport.recv_message(turn, src=rank - 1, channel=TURN_CHANNEL)
             while method.local_step < plan[rank - 1] and not method.stop_requested:
-                method.train_step(*_batch(rank, method.local_step), StepTimes())
+                cross_entropy_step(method, *_batch(rank, method.local_step))
                 totals.add(0.0, 0.0, 0.0, BATCH)
             if sequential and rank < world - 1:
                 transport.send_message(turn, rank + 1, MessageKind.STOP, channel=TURN_CHANNEL)
@@ -196,9 +194,9 @@ def _reference_easgd(plan: list[int]) -> dict:
     for worker, steps in enumerate(plan, start=1):
         model = _model()
         x = flatten_parameters(model)
-        local = PlainStep(x, LR, WD)
-        for step in range(steps):
-            local.step(model, *_batch(worker, step))
+        for step in range(steps):  # plain SGD local steps: x <- x - lr * (g + wd * x)
+            _, grad = loss_and_gradient(model, *_batch(worker, step))
+            x.sub_(grad.add_(x, alpha=WD), alpha=LR)
             if (step + 1) % TAU == 0:
                 d = x - center
                 x.sub_(d, alpha=ALPHA)
@@ -306,29 +304,26 @@ def test_hogwild_modules_name_no_locking_primitive() -> None:
         assert not names & LOCK_NAMES, (file, names & LOCK_NAMES)
 
 
-def _fake_context(rank: int) -> MethodContext:
+def _fake_context(rank: int, local_world_size: int | None = None) -> MethodContext:
     transport = SimpleNamespace(rank=rank, world_size=3)
-    return MethodContext(_config(), transport, torch.device("cpu"))  # type: ignore[arg-type]
+    placement = Placement(local_world_size=local_world_size)
+    return MethodContext(_config(), transport, torch.device("cpu"), placement)  # type: ignore[arg-type]
 
 
-def test_across_nodes_sgd_refuses_and_easgd_uses_server_threads(monkeypatch) -> None:
-    place = {"rank": 0, "local_rank": 0, "master_addr": "x", "master_port": 1, "run_id": "r"}
-    assert single_node(DistEnv(world_size=4, local_world_size=4, **place))
-    assert not single_node(DistEnv(world_size=8, local_world_size=4, **place))
-    monkeypatch.setattr(hogwild_sgd, "single_node", lambda: False)
-    monkeypatch.setattr(hogwild_easgd, "single_node", lambda: False)
+def test_across_nodes_sgd_refuses_and_easgd_uses_server_threads() -> None:
+    assert single_node(_fake_context(0, local_world_size=3))
+    assert single_node(_fake_context(0))  # no launcher: every rank on this node
+    assert not single_node(_fake_context(0, local_world_size=1))
     with pytest.raises(TetherError, match=r"one node.*async-sgd"):
-        METHODS.get("hogwild-sgd")(_model(), _fake_context(1))
-    method = METHODS.get("hogwild-easgd")(_model(), _fake_context(1))
+        METHODS.get("hogwild-sgd")(_model(), _fake_context(1, local_world_size=1))
+    method = METHODS.get("hogwild-easgd")(_model(), _fake_context(1, local_world_size=1))
     assert not method.use_shared
-    monkeypatch.setattr(hogwild_easgd, "single_node", lambda: True)
-    assert METHODS.get("hogwild-easgd")(_model(), _fake_context(1)).use_shared
+    assert METHODS.get("hogwild-easgd")(_model(), _fake_context(1, local_world_size=3)).use_shared
 
 
 class _Forced(HogwildEASGD):
     shared_memory: ClassVar[bool | None] = True
 
 
-def test_the_class_attribute_forces_the_mode(monkeypatch) -> None:
-    monkeypatch.setattr(hogwild_easgd, "single_node", lambda: False)
-    assert _Forced(_model(), _fake_context(2)).use_shared
+def test_the_class_attribute_forces_the_mode() -> None:
+    assert _Forced(_model(), _fake_context(2, local_world_size=1)).use_shared

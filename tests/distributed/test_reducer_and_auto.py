@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from tether.comm.calibration.cache import cache_path, load_or_calibrate
 from tether.comm.collectives import COLLECTIVES
 from tether.comm.reducer import AllReducer
 from tether.comm.transport import TorchTransport
 from tether.launch.spawn import run_spawned
-from tether.perf.calibration import cache_path, load_or_calibrate
 
 WORLD = 3
 N = 10_007  # not divisible by 3
@@ -28,14 +28,13 @@ def _input(rank: int) -> torch.Tensor:
 
 
 def _worker(rank: int, world: int, cache: str) -> dict:
-    import os
-
-    os.environ["TETHER_CACHE_DIR"] = cache
+    cache_dir = Path(cache)
     transport = TorchTransport()
     out: dict = {}
     for algorithm in ("native", "ring", "halving-doubling", "hierarchical", "auto"):
         for compress in ("none", "fp16", "bf16"):
-            reducer = AllReducer(transport, algorithm, compress, ranks_per_node=1)
+            # "auto" measures its calibration on the first reducer and reads it on the others
+            reducer = AllReducer(transport, algorithm, compress, 1, cache_dir=cache_dir)
             # several in flight at once, waited out of order: they complete in start order
             tensors = [_input(rank), _input(rank) * 2, _input(rank)[:5].clone()]
             pending = [reducer.start(t, average=(i != 1)) for i, t in enumerate(tensors)]
@@ -47,9 +46,9 @@ def _worker(rank: int, world: int, cache: str) -> dict:
     AllReducer(transport, "ring", "fp16").start(big, average=True).wait()
     out["overflow"] = big
     # a second auto reducer reads rank 0's cached calibration instead of measuring again
-    path = cache_path("gloo", world, 1)
+    path = cache_path(cache_dir, "gloo", world, 1)
     before = path.stat().st_mtime_ns if rank == 0 else 0
-    calibration = load_or_calibrate(transport, ranks_per_node=1)
+    calibration = load_or_calibrate(transport, cache_dir, ranks_per_node=1)
     after = path.stat().st_mtime_ns if rank == 0 else 0
     out["cache_reused"] = torch.tensor([before == after])
     out["choices"] = torch.tensor(

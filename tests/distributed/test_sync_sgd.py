@@ -16,11 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.method_drive import cross_entropy_step
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
 from tether.launch.spawn import run_spawned
-from tether.methods import MethodContext, StepTimes
+from tether.methods import MethodContext
 from tether.methods.sync_sgd import SyncSGD
 from tether.models import build_model
 
@@ -58,7 +59,7 @@ def _train_tether(rank: int, world: int, bucket_mb: float, **options: str) -> to
     sampler = GlobalBatchSampler(len(x), PER_WORKER * world, seed=3)
     for step in range(STEPS):
         idx = sampler.worker_indices(step, rank, world)
-        method.train_step(x[idx], y[idx], StepTimes())
+        cross_entropy_step(method, x[idx], y[idx])
     layout_buckets = len(method.bucketer.layout.buckets)
     return torch.cat([_flat(method.model), torch.tensor([float(layout_buckets)])])
 
@@ -84,7 +85,7 @@ def _batch_norm_stats(rank: int, world: int) -> dict[str, torch.Tensor]:
     model = build_model("resnet8", (1, 28, 28), 10)
     method = SyncSGD(model, MethodContext(TrainConfig(), TorchTransport(), torch.device("cpu")))
     idx = GlobalBatchSampler(len(x), PER_WORKER * world, seed=3).worker_indices(0, rank, world)
-    method.train_step(x[idx], y[idx], StepTimes())
+    cross_entropy_step(method, x[idx], y[idx])
 
     def stats() -> torch.Tensor:
         return torch.cat([b.reshape(-1) for b in model.buffers() if b.is_floating_point()])

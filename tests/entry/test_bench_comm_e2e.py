@@ -49,7 +49,7 @@ def test_allreduce_ring_and_native(tmp_path: Path, monkeypatch) -> None:
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(P-1)/P = 1 for P = 2
         assert row["vs_native"] is not None and row["vs_native"] > 0
         assert row["predicted_s"] is not None and row["predicted_s"] > 0
-    assert report["predictions"]["source"] == "tether.perf.calibration"
+    assert report["predictions"]["source"] == "tether.comm.calibration"
     assert (out / "comm.png").read_bytes()[:8] == PNG_MAGIC
     assert not list(out.glob("hang-*.txt"))
     table = result.stdout.strip().splitlines()

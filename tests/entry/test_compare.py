@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import tether.data
-import tether.launch.local
+import tether.catalog
+import tether.runner
 from tests.conftest import requires_fashion_mnist, run_cli
 from tether.compare import run_comparison
 from tether.config import TrainConfig
@@ -61,8 +61,8 @@ def test_a_failed_method_does_not_stop_the_comparison(
     """Two fake methods: the first run fails, the second writes a summary; both are reported."""
     launched: list[tuple[str, int]] = []
 
-    def fake_launch(config: TrainConfig, processes: int) -> None:
-        launched.append((config.method, processes))
+    def fake_launch(config: TrainConfig, task_file: Path | None = None) -> None:
+        launched.append((config.method, config.workers))
         if config.method == "broken":
             raise WorkerFailure("worker rank 1 failed: RuntimeError: boom", [1])
         run = Path(str(config.out))
@@ -85,11 +85,11 @@ def test_a_failed_method_does_not_stop_the_comparison(
         (run / "summary.json").write_text(json.dumps(summary))
 
     monkeypatch.setattr(METHODS, "get", lambda name: SimpleNamespace(server_processes=1))
-    monkeypatch.setattr(tether.launch.local, "launch_local", fake_launch)
-    monkeypatch.setattr(tether.data, "check_dataset", lambda *args: None)
+    monkeypatch.setattr(tether.runner, "launch_training", fake_launch)
+    monkeypatch.setattr(tether.catalog, "check_data", lambda *args: None)
     config = TrainConfig(workers=3, steps=5, target_accuracy=0.8, out=str(tmp_path))
     assert run_comparison(config, ["broken", "works"]) == 0
-    assert launched == [("broken", 4), ("works", 4)]  # workers + the method's server processes
+    assert launched == [("broken", 3), ("works", 3)]
 
     captured = capsys.readouterr()
     assert "[1/2] broken" in captured.err and "[2/2] works" in captured.err

@@ -21,7 +21,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tether.comm.calibration.cache import load_or_calibrate
 from tether.comm.collectives import COLLECTIVES, collectives_for
+from tether.comm.collectives.auto import Auto
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.hierarchical import Hierarchical, launch_node_size
+from tether.comm.transport import TorchTransport
+from tether.launch.env import cache_dir, launcher_local_world_size
 from tether.launch.teardown import before_init_process_group, shut_down_process_group
 
 LENGTHS = (1, 3, 7, 1000, 100_003)
@@ -81,6 +87,18 @@ def main() -> int:
     placements: list[object] = [None] * world
     dist.all_gather_object(placements, placement)
 
+    # The collectives read no environment: the node layout is the launcher's, passed explicitly,
+    # and "auto" runs on a calibration of this group (cached where tether's commands cache it).
+    ranks_per_node = launch_node_size(world, launcher_local_world_size())
+    calibration = load_or_calibrate(TorchTransport(), cache_dir(), ranks_per_node)
+    built: dict[str, Collective] = {
+        "hierarchical": Hierarchical(ranks_per_node=ranks_per_node),
+        "auto": Auto(calibration),
+    }
+
+    def collective(name: str) -> Collective:
+        return built[name] if name in built else COLLECTIVES.get(name)
+
     names = ["torch.distributed", *collectives_for("all_reduce")]
     checked: list[str] = []
     for name in names:
@@ -91,7 +109,7 @@ def main() -> int:
                     if name == "torch.distributed":
                         dist.all_reduce(t)
                     else:
-                        COLLECTIVES.get(name).all_reduce(t, "sum")
+                        collective(name).all_reduce(t, "sum")
                     want = sum(data(r, n, dtype) for r in range(world))
                     expect(torch.equal(t, want), f"{name} all_reduce {dtype} n={n} is wrong")
                 except Exception:
@@ -102,8 +120,8 @@ def main() -> int:
 
     hierarchical: dict[str, object] = {"registered": "hierarchical" in COLLECTIVES}
     if "hierarchical" in COLLECTIVES:
-        # Built as its docstring says: no ranks_per_node, so nodes come from LOCAL_WORLD_SIZE.
-        coll = type(COLLECTIVES.get("hierarchical"))()
+        # Built as its docstring says: nodes of the launcher's LOCAL_WORLD_SIZE, given to it.
+        coll = Hierarchical(ranks_per_node=ranks_per_node)
         hierarchical["ranks_per_node"] = coll.nodes_of(world)
         for n in LENGTHS:
             t = data(rank, n, torch.int64)
@@ -127,7 +145,7 @@ def main() -> int:
         if name == "torch.distributed":
             cross_node[name] = node_tx(lambda t=t: dist.all_reduce(t))
         else:
-            coll_ = COLLECTIVES.get(name)
+            coll_ = collective(name)
             cross_node[name] = node_tx(lambda t=t, c=coll_: c.all_reduce(t, "sum"))
 
     per_rank: list[object] = [None] * world

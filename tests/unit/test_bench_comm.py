@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tether.bench import comm, comm_measure
-from tether.bench.comm import busbw_factor, format_size, parse_size, parse_sizes, resolve_args
+from tether.bench.comm import parse_size, parse_sizes, resolve_args
 from tether.bench.comm_measure import Case, repeats_for
 from tether.bench.comm_report import (
     finish_report,
@@ -21,10 +21,12 @@ from tether.bench.comm_report import (
     plot_report,
     wrong_results,
 )
+from tether.bench.comm_spec import busbw_factor, format_size
 from tether.cli import main
+from tether.comm.calibration.rounds import MAX_ITERS, iters_for
 from tether.comm.collectives import collectives_for
+from tether.comm.collectives.base import Collective
 from tether.errors import TetherError
-from tether.perf.rounds import MAX_ITERS, iters_for
 
 MB = 1 << 20
 
@@ -247,10 +249,10 @@ class OneRank:
 def test_measure_rows_and_a_wrong_algorithm_flagged(monkeypatch) -> None:
     real = comm_measure.collective_call
 
-    def call(kind: str, algo: str, case: Case, transport: Any) -> Any:
-        if algo == "ring":  # a "fast" algorithm that doubles instead of summing over one rank
+    def call(kind: str, collective: Collective, case: Case, transport: Any) -> Any:
+        if collective.name == "ring":  # a "fast" one that doubles instead of summing over 1 rank
             return lambda: case.buf.mul_(2)
-        return real(kind, algo, case, transport)
+        return real(kind, collective, case, transport)
 
     monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "ring,native", "4B,1KB", repeats=3, predict=False)
@@ -294,20 +296,36 @@ def test_all_gather_sizes_that_round_alike_are_measured_once() -> None:
 def test_algorithm_refusing_the_group_is_skipped(monkeypatch) -> None:
     real = comm_measure.collective_call
 
-    def call(kind: str, algo: str, case: Case, transport: Any) -> Any:
-        if algo == "halving-doubling":
+    def call(kind: str, collective: Collective, case: Case, transport: Any) -> Any:
+        if collective.name == "halving-doubling":
 
             def refuse() -> None:
                 raise TetherError("needs a power-of-two group")
 
             return refuse
-        return real(kind, algo, case, transport)
+        return real(kind, collective, case, transport)
 
     monkeypatch.setattr(comm_measure, "collective_call", call)
     args = resolve_args("allreduce", "halving-doubling,native", "4B,8B", predict=False)
     raw = comm_measure.measure(OneRank(), args, torch.device("cpu"))
     assert {r["algo"] for r in raw["rows"]} == {"native"}
     assert raw["skipped"] == {"halving-doubling": "needs a power-of-two group"}
+
+
+def test_auto_is_timed_with_the_calibration_it_is_given() -> None:
+    # The registered auto has no calibration: it refuses (skipped, with the way to get one);
+    # the worker hands measure a calibrated one, which runs what the calibration chooses.
+    from tether.comm.calibration.model import Calibration
+    from tether.comm.collectives.auto import Auto
+
+    args = resolve_args("allreduce", "auto,native", "4B", repeats=1, predict=False)
+    raw = comm_measure.measure(OneRank(), args, torch.device("cpu"))
+    assert "needs a calibration" in raw["skipped"]["auto"]
+    alone = Calibration(1, 1, 1e-5, 1e-9, 1e-10, 1e-5, 1e-9)  # chooses native: nothing timed
+    auto = Auto(alone)
+    raw = comm_measure.measure(OneRank(), args, torch.device("cpu"), collectives={"auto": auto})
+    assert [(r["algo"], r["correct"]) for r in raw["rows"]] == [("auto", True), ("native", True)]
+    assert not raw["skipped"]
 
 
 # -- report ----------------------------------------------------------------------------------------

@@ -4,20 +4,20 @@ choice (native unless beaten by the margin), the model's predictions, the JSON r
 from __future__ import annotations
 
 import math
+import socket
 import statistics
 import sys
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from tether.comm.collectives import cost
-from tether.comm.collectives.chain import Chain
-from tether.comm.collectives.hierarchical import Hierarchical
-from tether.comm.collectives.ring import ring_all_reduce
-from tether.launch import affinity
-from tether.perf.calibration import VERSION, Calibration, cache_path
-from tether.perf.rounds import rotated
-from tether.perf.timed_algorithms import (
+from tether.comm.calibration.cache import cache_path, load_or_calibrate
+from tether.comm.calibration.model import VERSION, Calibration
+from tether.comm.calibration.rounds import rotated
+from tether.comm.calibration.timed_algorithms import (
     MARGIN,
     MAX_ROUNDS,
     MIN_ROUNDS,
@@ -27,6 +27,13 @@ from tether.perf.timed_algorithms import (
     timed_sizes,
     wins_needed,
 )
+from tether.comm.collectives import cost
+from tether.comm.collectives.auto import Auto
+from tether.comm.collectives.chain import Chain
+from tether.comm.collectives.hierarchical import Hierarchical
+from tether.comm.collectives.ring import ring_all_reduce
+from tether.errors import TetherError
+from tether.launch import affinity
 
 
 def _calibration(
@@ -141,10 +148,18 @@ def test_rounds_rotate_so_every_algorithm_takes_every_position() -> None:
     assert rotated([], 5) == []
 
 
+def test_cache_paths_name_the_host_backend_and_group_shape(tmp_path: Path) -> None:
+    path = cache_path(tmp_path, "gloo", 4, 2)
+    assert path.parent == tmp_path / "calibration"
+    assert path.name == f"{socket.gethostname()}-gloo-p4-g2.json"  # the format of earlier caches
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread pinning is Linux-only")
-def test_pinned_calibrations_are_cached_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cache_path("gloo", 2, 1, pinned=True).name.endswith("-pinned.json")
-    assert cache_path("gloo", 2, 1, pinned=True) != cache_path("gloo", 2, 1)
+def test_pinned_calibrations_are_cached_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert cache_path(tmp_path, "gloo", 2, 1, pinned=True).name.endswith("-pinned.json")
+    assert cache_path(tmp_path, "gloo", 2, 1, pinned=True) != cache_path(tmp_path, "gloo", 2, 1)
     monkeypatch.setattr(affinity, "_pinned_core", None)
     assert affinity.pinned_core() is None
     cores: list[int | None] = []
@@ -156,25 +171,41 @@ def test_pinned_calibrations_are_cached_apart(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_measurement_is_announced_with_its_reason_and_a_cached_one_is_silent(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A training run with --allreduce auto spends tens of seconds here before its first step
     # the first time: the user is told why and where the result goes; later runs say nothing.
-    from types import SimpleNamespace
-
-    from tether.perf.calibration import load_or_calibrate
-
-    monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path))
     alone = SimpleNamespace(rank=0, world_size=1)  # one rank: nothing to time, nothing sent
-    first = load_or_calibrate(alone, backend="gloo")  # type: ignore[arg-type]
+    first = load_or_calibrate(alone, tmp_path, backend="gloo")  # type: ignore[arg-type]
     said = capsys.readouterr().err
-    path = cache_path("gloo", 1, 1)
+    path = cache_path(tmp_path, "gloo", 1, 1)
     assert "calibrating the collectives (gloo, 1 rank, 1 per node; none cached" in said
     assert f"cached in {path}" in said
-    assert load_or_calibrate(alone, backend="gloo") == first  # type: ignore[arg-type]
+    assert load_or_calibrate(alone, tmp_path, backend="gloo") == first  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
     path.write_text(path.read_text().replace(f'"version": {VERSION}', '"version": 1'))
-    load_or_calibrate(alone, backend="gloo")  # type: ignore[arg-type]
+    load_or_calibrate(alone, tmp_path, backend="gloo")  # type: ignore[arg-type]
     assert "from an older Tether" in capsys.readouterr().err
-    load_or_calibrate(alone, backend="gloo", refresh=True)  # type: ignore[arg-type]
+    load_or_calibrate(alone, tmp_path, backend="gloo", refresh=True)  # type: ignore[arg-type]
     assert "asked to measure again" in capsys.readouterr().err
+
+
+def test_without_a_cache_directory_every_call_measures_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    alone = SimpleNamespace(rank=0, world_size=1)
+    for _ in range(2):
+        load_or_calibrate(alone, None, backend="gloo")  # type: ignore[arg-type]
+        said = capsys.readouterr().err
+        assert "no cache directory: for this run only" in said and "not cached" in said
+    assert not list(tmp_path.rglob("*"))
+
+
+def test_auto_runs_only_with_a_calibration_of_its_group() -> None:
+    alone = SimpleNamespace(rank=0, world_size=1)
+    with pytest.raises(TetherError, match="needs a calibration") as info:
+        Auto().all_reduce(torch.ones(4), comm=alone)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value) and "load_or_calibrate" in str(info.value)
+    with pytest.raises(TetherError, match="calibrated on 4 ranks"):
+        Auto(_calibration()).all_reduce(torch.ones(4), comm=alone)  # type: ignore[arg-type]

@@ -8,12 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tether.catalog import check_names, ignored_settings
+from tether.catalog import resolve_config as catalog_resolve
 from tether.config import (
+    Target,
     TrainConfig,
     apply_overrides,
     load_toml,
     parse_set_options,
+    parse_target,
     resolve_config,
+    target_text,
 )
 from tether.errors import TetherError
 
@@ -54,14 +59,61 @@ def test_overrides_check_keys_and_types() -> None:
         ({"bucket_mb": -1.0}, "bucket_mb must be >= 0"),
         ({"target_accuracy": 88.0}, "write 0.88"),
         ({"backend": "mpi"}, "backend must be one of"),
-        ({"method": "nope"}, "unknown method .nope.; valid methods: .*sync-sgd"),
-        ({"model": "nope"}, "valid models: .*lenet5"),
-        ({"dataset": "nope"}, "valid datasets: .*fashion-mnist"),
+        ({"target": "accuracy=0.9"}, "target must look like"),
+        ({"target": "accuracy>=0.9", "target_accuracy": 0.9}, "not both"),
+        ({"accumulate": 0}, "accumulate must be >= 1"),
+        ({"lr_decay": 0.0}, "lr_decay must be in"),
     ],
 )
 def test_validation_messages(change: dict, message: str) -> None:
     with pytest.raises(TetherError, match=message):
         dataclasses.replace(TrainConfig(), **change).validate()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"method": "nope"}, "unknown method .nope.; valid methods: .*sync-sgd"),
+        ({"model": "nope"}, "valid models: .*lenet5"),
+        ({"dataset": "nope"}, "valid datasets: .*fashion-mnist"),
+        ({"loss": "nope"}, "valid losses: .*cross-entropy"),
+        ({"optimizer": "nope"}, "valid optimizers: .*adamw"),
+        ({"lr_schedule": "nope"}, "cosine"),
+        ({"metrics": ("nope",)}, "valid metrics: .*accuracy"),
+        ({"allreduce": "nope"}, "unknown all-reduce algorithm"),
+        ({"model": "no_such_module_x:Net"}, "no module named 'no_such_module_x'"),
+        ({"loss": "tether.metrics:nothing"}, "has no attribute 'nothing'"),
+    ],
+)
+def test_names_are_checked_by_the_catalog(change: dict, message: str) -> None:
+    with pytest.raises(TetherError, match=message):
+        check_names(dataclasses.replace(TrainConfig(), **change))
+
+
+def test_targets_parse_with_a_direction() -> None:
+    assert parse_target("accuracy>=0.88") == Target("accuracy", True, 0.88)
+    assert parse_target(" loss < 0.3 ").reached(0.29)
+    assert not parse_target("loss<=0.3").reached(0.31)
+    assert target_text("loss", 0.3) == "loss<=0.3"
+    assert target_text("accuracy", 0.9) == "accuracy>=0.9"
+    assert TrainConfig(target_accuracy=0.5).target_spec == Target("accuracy", True, 0.5)
+
+
+def test_method_defaults_apply_under_the_file_and_the_overrides(tmp_path: Path) -> None:
+    assert catalog_resolve(None, {"method": "sync-easgd"}).lr == 0.4  # its tuned default
+    assert catalog_resolve(None, {"method": "sync-easgd", "lr": 0.1}).lr == 0.1
+    file = tmp_path / "run.toml"
+    file.write_text('method = "local-sgd"\n')
+    assert catalog_resolve(file, {}).tau == 4
+
+
+def test_settings_a_method_ignores_are_named() -> None:
+    messages = ignored_settings(TrainConfig(method="sync-easgd"), {"momentum", "lr"})
+    assert len(messages) == 1 and "sync-easgd ignores momentum" in messages[0]
+    assert ignored_settings(TrainConfig(method="sync-easgd", optimizer="sgd"), {"momentum"}) == []
+    (stale,) = ignored_settings(TrainConfig(method="sync-sgd"), {"staleness_bound"})
+    assert "async-sgd" in stale
+    assert ignored_settings(TrainConfig(method="async-msgd"), {"momentum", "staleness_bound"}) == []
 
 
 def test_config_file_errors_name_the_file(tmp_path: Path) -> None:

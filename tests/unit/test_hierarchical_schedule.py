@@ -11,6 +11,7 @@ from tether.comm.collectives.hierarchical import (
     Hierarchical,
     hierarchical_all_reduce,
     hierarchical_broadcast,
+    launch_node_size,
 )
 from tether.comm.collectives.ring import ring_all_reduce
 from tether.errors import TetherError
@@ -73,14 +74,20 @@ def test_rounds_and_the_degenerate_splits() -> None:
             assert {(s.src, s.dst) for s in hier.steps} == flat.links()
 
 
-def test_node_membership_errors_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_membership_errors_and_the_launch_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TetherError, match="--ranks-per-node"):
         hierarchical_all_reduce(6, 4)
+    # the node size is an argument: the launcher's layout does not leak in from the environment
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert Hierarchical().nodes_of(4) == 2
+    assert Hierarchical().nodes_of(4) == 4  # none given: the whole group is one node
+    assert Hierarchical(ranks_per_node=2).nodes_of(4) == 2
     assert Hierarchical(ranks_per_node=4).nodes_of(4) == 4
-    # a group the launch's node size does not divide is treated as one node
-    assert Hierarchical().nodes_of(3) == 3
+    # the launcher's local world size, where it splits the group into whole nodes
+    assert launch_node_size(4, 2) == 2
+    assert Hierarchical(ranks_per_node=launch_node_size(4, 2)).nodes_of(4) == 2
+    # a group the launch's node size does not divide, or no launcher, is treated as one node
+    assert launch_node_size(3, 2) == 3 and launch_node_size(4, None) == 4
+    assert launch_node_size(2, 4) == 2 and launch_node_size(4, 0) == 4
 
 
 def test_cost_prices_inter_node_steps_on_the_shared_node_link() -> None:

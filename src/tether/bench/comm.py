@@ -29,7 +29,7 @@ The per-rank work runs in :mod:`tether.bench.comm_worker`, which any launcher ca
 launcher, ``torchrun`` across nodes, ``mpiexec`` for the MPI transport); this module holds the
 argument model and runs the benchmark; :mod:`~tether.bench.comm_measure` measures,
 :mod:`~tether.bench.comm_report` reports (table, JSON, plot), :mod:`~tether.bench.comm_launch`
-starts the ranks.
+starts the ranks; :mod:`~tether.bench.comm_spec` holds the conventions they share.
 """
 
 from __future__ import annotations
@@ -43,22 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from tether.bench.comm_spec import ELEMENT_BYTES, OPS, UNITS
 from tether.errors import TetherError, WorkerFailure
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     pass
 
-# The --op names (nccl-tests spelling) and the collective kinds of tether.comm.collectives.
-OPS = {
-    "allreduce": "all_reduce",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "allgather": "all_gather",
-}
-ROOT = 0  # source of broadcast, destination of reduce
 TRANSPORTS = ("torch", "mpi")
-ELEMENT_BYTES = 4  # float32, as nccl-tests' default data type
-UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 SIZE_SYNTAX = (
     "MIN:MAX (powers of two from MIN to MAX, e.g. 4B:64MB) or a comma list (e.g. 1KB,1MB), "
     "units B, KB, MB, GB (powers of 1024), multiples of 4 bytes (float32)"
@@ -66,17 +57,13 @@ SIZE_SYNTAX = (
 DEFAULT_SIZES = "4B:64MB"
 DEFAULT_REPEATS = 10
 DEFAULT_TIMEOUT_S = 600.0
-# A repeat times tether.perf.rounds.iters_for calls back to back; large messages get
+# A repeat times tether.comm.calibration.rounds.iters_for calls back to back; large messages get
 # REPEAT_BYTES worth of repeats, but never fewer than MIN_REPEATS. From 1 MiB a repeat is a
 # single call, and on a loaded or oversubscribed machine single calls of gloo's point-to-point
 # are bimodal (some 2-3x the typical time): a median of 3-4 repeats, what 64 MiB per size gave
 # at 16 MiB, swung the 2-rank ring from 0.8x to 1.0x native between runs of the same code.
 REPEAT_BYTES = 512 << 20
 MIN_REPEATS = 3
-GB = 1e9  # nccl-tests' GB/s are 1e9 bytes per second
-# torch's collective timeout and the MPI launcher's deadline exceed the ranks' own deadline by
-# this much, so the deadline fires first on every rank and leaves every rank's stacks.
-BACKSTOP_S = 30.0
 
 
 # -- arguments ------------------------------------------------------------------------------------
@@ -110,27 +97,6 @@ def parse_sizes(spec: str) -> tuple[int, ...]:
     if not items:
         raise TetherError(f"bad --sizes {spec!r}; sizes are {SIZE_SYNTAX}")
     return tuple(sorted({parse_size(item) for item in items}))
-
-
-def format_size(n_bytes: int) -> str:
-    """The largest unit that divides ``n_bytes`` exactly, in --sizes syntax (``"64MB"``)."""
-    for unit in ("GB", "MB", "KB"):
-        if n_bytes >= UNITS[unit] and n_bytes % UNITS[unit] == 0:
-            return f"{n_bytes // UNITS[unit]}{unit}"
-    return f"{n_bytes}B"
-
-
-def busbw_factor(kind: str, world_size: int) -> float:
-    """nccl-tests' bus bandwidth factor: what each rank's link carries in an optimal algorithm
-    divided by the message size (PERFORMANCE.md)."""
-    p = world_size
-    if kind == "all_reduce":
-        return 2 * (p - 1) / p
-    if kind in ("all_gather", "reduce_scatter"):
-        return (p - 1) / p
-    if kind in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"no bus bandwidth factor for {kind!r}")
 
 
 def algorithms_for(op: str) -> list[str]:

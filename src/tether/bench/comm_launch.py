@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tether.bench.comm import BACKSTOP_S
+from tether.bench.comm_spec import BACKSTOP_S
 from tether.errors import TetherError, WorkerFailure
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it

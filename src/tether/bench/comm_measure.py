@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tether.bench.comm import (
-    ELEMENT_BYTES,
-    MIN_REPEATS,
-    REPEAT_BYTES,
-    ROOT,
-    CommBenchArgs,
-    format_size,
-)
+from tether.bench.comm import MIN_REPEATS, REPEAT_BYTES, CommBenchArgs
+from tether.bench.comm_spec import ELEMENT_BYTES, ROOT, format_size
+from tether.comm.calibration.rounds import iters_for, rotated
 from tether.errors import TetherError
-from tether.perf.rounds import iters_for, rotated
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     import torch
+
+    from tether.comm.collectives.base import Collective
 
 
 def repeats_for(n_bytes: int, repeats: int) -> int:
@@ -89,11 +85,20 @@ class Case:
         return bool(torch.equal(self.buf, self.expected))
 
 
-def collective_call(kind: str, algo: str, case: Case, transport: Any) -> Callable[[], None]:
-    """One call of ``algo``'s ``kind`` on the case's buffer, in place."""
+def collective_call(
+    kind: str, collective: Collective, case: Case, transport: Any
+) -> Callable[[], None]:
+    """One call of ``collective``'s ``kind`` on the case's buffer, in place."""
+    return partial(collective.run, kind, case.buf, "sum", ROOT, transport)
+
+
+def resolve(algos: list[str], given: Mapping[str, Collective] | None) -> dict[str, Collective]:
+    """The collective to time for each name: the one ``given`` under it, else the registered
+    one."""
     from tether.comm.collectives import COLLECTIVES
 
-    return partial(COLLECTIVES.get(algo).run, kind, case.buf, "sum", ROOT, transport)
+    given = given or {}
+    return {algo: given[algo] if algo in given else COLLECTIVES.get(algo) for algo in algos}
 
 
 def measure(
@@ -103,17 +108,20 @@ def measure(
     sync: Callable[[], None] = lambda: None,
     predict: Callable[[str, str, float], float | None] | None = None,
     progress: TextIO | None = None,
+    collectives: Mapping[str, Collective] | None = None,
 ) -> dict[str, Any]:
     """Time every algorithm of ``args`` at every size on ``transport`` (collective: every rank
     calls it). Returns the raw rows (meaningful on rank 0): per algorithm and size the median,
     lower quartile and mean time over repeats, the per-repeat times, the correct flag and the
-    prediction."""
+    prediction. ``collectives``: the collective to time under a name where the registered one
+    will not do (``auto`` with this group's calibration, ``hierarchical`` with its nodes)."""
     import torch
 
     rank, world = transport.rank, transport.world_size
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     algos = list(args.algos)
+    timed = resolve(algos, collectives)
     started = last_note = time.perf_counter()
     transport.barrier()  # NCCL: a plain collective before the first batched point-to-point
     measured: set[int] = set()
@@ -133,7 +141,7 @@ def measure(
                 )
                 progress.flush()
                 last_note = now
-            call = collective_call(args.kind, algo, case, transport)
+            call = collective_call(args.kind, timed[algo], case, transport)
             correct, error = _check_once(call, case, sync)
             # Every rank must agree to skip an algorithm (e.g. one that refuses this group size).
             status = torch.tensor([int(error is not None), int(not correct)], device=device)

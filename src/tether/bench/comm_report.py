@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tether.bench.comm import GB, OPS, busbw_factor, format_size
+from tether.bench.comm_spec import GB, OPS, busbw_factor, format_size
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     pass

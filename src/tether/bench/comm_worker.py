@@ -32,12 +32,19 @@ from typing import IO, Any
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tether.bench.comm import BACKSTOP_S, CommBenchArgs, add_bench_options, args_from_namespace
+from tether.bench.comm import CommBenchArgs, add_bench_options, args_from_namespace
 from tether.bench.comm_launch import hang_file
 from tether.bench.comm_measure import measure
 from tether.bench.comm_report import finish_report, format_table, plot_report
+from tether.bench.comm_spec import BACKSTOP_S
+from tether.comm.calibration.cache import load_or_calibrate
+from tether.comm.calibration.model import Calibration
+from tether.comm.collectives.auto import Auto
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.hierarchical import Hierarchical, launch_node_size
 from tether.errors import TetherError
-from tether.launch.affinity import pin_main_thread
+from tether.launch.affinity import pin_main_thread, pinned_core
+from tether.launch.env import cache_dir, launcher_local_world_size
 
 Predict = Callable[[str, str, float], float | None]
 
@@ -94,6 +101,10 @@ class Placement:
             self._init_mpi()
         else:
             self._init_torch(args)
+        # The node layout the launcher reports, for hierarchical and the calibration (the
+        # collectives read no environment): the whole group where it does not say.
+        world = self.transport.world_size
+        self.ranks_per_node = launch_node_size(world, launcher_local_world_size())
 
     def _init_torch(self, args: CommBenchArgs) -> None:
         from tether.comm.transport import TorchTransport
@@ -131,16 +142,40 @@ class Placement:
         shut_down_process_group()
 
 
-def predictor(transport: Any, args: CommBenchArgs) -> tuple[Predict | None, dict[str, Any]]:
-    """The alpha-beta-gamma prediction of :mod:`tether.perf.calibration` (collective: every rank
-    loads or measures the calibration), and what the report says about where it came from."""
-    if not args.predict:
+def calibration_for(placement: Placement, args: CommBenchArgs) -> Calibration | None:
+    """This group's calibration (:mod:`tether.comm.calibration`) where the run needs one: for
+    the predictions, for ``auto``, or measured again for ``--recalibrate``; cached where the
+    launcher keeps caches, apart for pinned ranks. Collective: every rank loads or measures
+    it."""
+    if not (args.predict or args.recalibrate or "auto" in args.algos):
+        return None
+    return load_or_calibrate(
+        placement.transport,
+        cache_dir(),
+        placement.ranks_per_node,
+        pinned=pinned_core() is not None,
+        refresh=args.recalibrate,
+    )
+
+
+def timed_collectives(
+    calibration: Calibration | None, ranks_per_node: int
+) -> dict[str, Collective]:
+    """The collectives timed under the names whose registered instance cannot know this run:
+    ``hierarchical`` on the launcher's nodes, ``auto`` on this group's calibration."""
+    timed: dict[str, Collective] = {"hierarchical": Hierarchical(ranks_per_node=ranks_per_node)}
+    if calibration is not None:
+        timed["auto"] = Auto(calibration)
+    return timed
+
+
+def predictor(
+    calibration: Calibration | None, args: CommBenchArgs
+) -> tuple[Predict | None, dict[str, Any]]:
+    """The alpha-beta-gamma prediction of the calibration, and what the report says about where
+    it came from."""
+    if calibration is None or not args.predict:
         return None, {"source": None, "reason": "--no-predict"}
-    try:
-        from tether.perf.calibration import load_or_calibrate
-    except ImportError:
-        return None, {"source": None, "reason": "tether.perf.calibration is not available"}
-    calibration = load_or_calibrate(transport)
 
     def predict(algo: str, kind: str, n_bytes: float) -> float | None:
         try:
@@ -150,7 +185,7 @@ def predictor(transport: Any, args: CommBenchArgs) -> tuple[Predict | None, dict
 
     fields = ("alpha", "beta", "gamma", "ranks_per_node", "backend", "host", "measured_at")
     info = {name: getattr(calibration, name, None) for name in fields}
-    return predict, {"source": "tether.perf.calibration", **info}
+    return predict, {"source": "tether.comm.calibration", **info}
 
 
 @record
@@ -175,11 +210,8 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
     transport = placement.transport
     if ns.debug_hang_rank == transport.rank:
         time.sleep(args.timeout_s + 2 * BACKSTOP_S)
-    if args.recalibrate:  # collective; predictions and auto then read the fresh cache
-        from tether.perf.calibration import load_or_calibrate
-
-        load_or_calibrate(transport, refresh=True)
-    predict, predictions = predictor(transport, args)
+    calibration = calibration_for(placement, args)  # collective: before anything is timed
+    predict, predictions = predictor(calibration, args)
     raw = measure(
         transport,
         args,
@@ -187,6 +219,7 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
         placement.sync,
         predict,
         progress=sys.stderr if transport.rank == 0 else None,
+        collectives=timed_collectives(calibration, placement.ranks_per_node),
     )
     if transport.rank != 0:
         return

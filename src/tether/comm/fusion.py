@@ -81,7 +81,8 @@ class GradientBucketer:
 
     Each parameter's ``.grad`` is made a view into one flat buffer, so autograd accumulates straight
     into it (no copy). A post-accumulate-grad hook counts down each bucket; when a bucket is full it
-    is launched asynchronously. Buckets are launched strictly in index order on every rank, because
+    is launched asynchronously; :meth:`finish` waits for them all and re-arms the countdowns for
+    the next backward pass. Buckets are launched strictly in index order on every rank, because
     collectives must be issued in the same order everywhere (the gloo/NCCL contract).
     """
 
@@ -110,7 +111,11 @@ class GradientBucketer:
             for i, p in enumerate(self.params)
         ]
         self.comm_wait_s = 0.0
-        self.start_step()
+        # False while gradients accumulate over several backward passes before one update:
+        # nothing is launched until the pass that ends the accumulation.
+        self.enabled = True
+        self.zero_grad()
+        self._arm()
 
     def _make_hook(self, index: int):
         def hook(param: torch.Tensor) -> None:
@@ -118,11 +123,15 @@ class GradientBucketer:
 
         return hook
 
-    def start_step(self) -> None:
-        """Zero the flat gradient and reset the per-bucket countdowns; call before backward."""
+    def zero_grad(self) -> None:
+        """Zero the flat gradient, every parameter's ``.grad`` a view into it (the optimizer's
+        ``zero_grad`` for these parameters: one memset, nothing reallocated)."""
         self.flat.zero_()
         for p, view in zip(self.params, self._views, strict=True):
             p.grad = view
+
+    def _arm(self) -> None:
+        """Reset the per-bucket countdowns for the next backward pass."""
         self._remaining = [len(b.params) for b in self.layout.buckets]
         self._next_to_launch = 0
         self._handles: list[PendingReduce] = []
@@ -130,10 +139,13 @@ class GradientBucketer:
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
         view = self._views[index]
         if param.grad is not view:
-            # Someone replaced .grad (e.g. set_to_none); keep the flat buffer authoritative.
+            # Someone replaced .grad (e.g. zero_grad(set_to_none=True)); keep the flat buffer
+            # authoritative.
             assert param.grad is not None
             view.copy_(param.grad)
             param.grad = view
+        if not self.enabled:
+            return
         for b in self._buckets_of_param[index]:
             self._remaining[b] -= 1
         self._launch_ready()
@@ -148,6 +160,18 @@ class GradientBucketer:
             self._handles.append(self.reducer.start(chunk, average=True))
             self._next_to_launch += 1
 
+    def _adopt_replaced_gradients(self) -> None:
+        """A parameter that backward did not reach (unused this step) after someone set its
+        ``.grad`` to None or replaced it (``model.zero_grad()``) contributes that gradient, or
+        zeros, not what its view held before."""
+        for p, view in zip(self.params, self._views, strict=True):
+            if p.grad is not view:
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+                p.grad = view
+
     def finish(self) -> tuple[float, float]:
         """Launch what is left (parameters unused this step), wait for every bucket's mean.
 
@@ -157,10 +181,11 @@ class GradientBucketer:
         if self.flat.is_cuda:  # backward's kernels are the computation, not the wait
             torch.cuda.synchronize(self.flat.device)
         start = time.perf_counter()
+        self._adopt_replaced_gradients()
         self._launch_ready(force=True)
         for handle in self._handles:
             handle.wait()
-        self._handles.clear()
+        self._arm()
         end = time.perf_counter()
         self.comm_wait_s += end - start
         return start, end

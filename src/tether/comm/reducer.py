@@ -24,16 +24,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from tether.comm.calibration.cache import load_or_calibrate
 from tether.comm.collectives.auto import Auto
 from tether.comm.collectives.base import Collective
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.native import Native
 from tether.comm.collectives.registry import COLLECTIVES
 from tether.comm.transport import Transport
-from tether.config import TrainConfig
 from tether.observe.timeline import get_timeline
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -112,7 +113,15 @@ class PendingReduce:
 class AllReducer:
     """Starts all-reduces of flat tensors with ``algorithm`` (a name of
     :data:`~tether.comm.collectives.COLLECTIVES` implementing all-reduce, or "auto") and
-    ``compress`` ("none", "fp16", "bf16")."""
+    ``compress`` ("none", "fp16", "bf16").
+
+    ``ranks_per_node``: the ranks of one node (consecutive ranks share a node), which the
+    hierarchical algorithm and the calibration of "auto" use; 0 where the caller does not know
+    the layout, which makes the whole group one node (correct, not tuned across nodes).
+    ``cache_dir``: where "auto" keeps its calibration (measured once per host and group shape,
+    :func:`~tether.comm.calibration.cache.load_or_calibrate`); None measures it for this reducer
+    alone, tens of seconds every time. Building an "auto" reducer is collective: every rank
+    builds its reducer at the same point of the run."""
 
     def __init__(
         self,
@@ -120,22 +129,21 @@ class AllReducer:
         algorithm: str = "native",
         compress: str = "none",
         ranks_per_node: int = 0,
+        *,
+        cache_dir: Path | None = None,
     ) -> None:
         self.transport = transport
         self.world_size = transport.world_size
         self.wire_dtype = WIRE_DTYPES[compress]
-        self.algorithm = self._resolve(algorithm, ranks_per_node)
+        self.algorithm = self._resolve(algorithm, ranks_per_node, cache_dir)
         self._thread: CommThread | None = None
         self._last_native_end = 0.0
 
-    def _resolve(self, algorithm: str, ranks_per_node: int) -> Collective:
+    def _resolve(self, algorithm: str, ranks_per_node: int, cache_dir: Path | None) -> Collective:
         if algorithm == "hierarchical":
             return Hierarchical(ranks_per_node=ranks_per_node or None)
         if algorithm == "auto":
-            from tether.perf.calibration import load_or_calibrate
-
-            # Collective: every rank builds its reducer at the same point of the run.
-            return Auto(load_or_calibrate(self.transport, ranks_per_node or None))
+            return Auto(load_or_calibrate(self.transport, cache_dir, ranks_per_node or None))
         return COLLECTIVES.get(algorithm)
 
     def _chosen(self, wire: torch.Tensor) -> Collective:
@@ -198,8 +206,3 @@ class AllReducer:
             track="comm",
             bytes=wire.numel() * wire.element_size(),
         )
-
-
-def build_reducer(transport: Transport, config: TrainConfig) -> AllReducer:
-    """The reducer a run's ``--allreduce``, ``--compress`` and ``--ranks-per-node`` ask for."""
-    return AllReducer(transport, config.allreduce, config.compress, config.ranks_per_node)

@@ -12,7 +12,10 @@ except which slice a worker takes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+from torch.utils.data import Sampler
 
 from tether.errors import TetherError
 
@@ -98,3 +101,31 @@ def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     # The first `extra` ranks take one more item each.
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+class WorkerSampler(Sampler[int]):
+    """A ``torch.utils.data`` sampler of one worker's samples, epoch by epoch, for a user's own
+    loop (``ctx.sampler(dataset)``): with ``DataLoader(dataset, batch_size=b, sampler=...)``
+    every batch is this worker's slice of one global batch of ``b * workers`` samples, exactly the
+    ones Tether's own trainer would give it. ``set_epoch(e)`` as for ``DistributedSampler``."""
+
+    def __init__(
+        self, num_samples: int, batch_size: int, worker: int, workers: int, seed: int = 0
+    ) -> None:
+        self.global_sampler = GlobalBatchSampler(num_samples, batch_size * workers, seed)
+        self.global_sampler.local_batch(workers)  # the split is checked here
+        self.worker, self.workers = worker, workers
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        spe = self.global_sampler.steps_per_epoch
+        for step in range(self.epoch * spe, (self.epoch + 1) * spe):
+            yield from self.global_sampler.worker_indices(step, self.worker, self.workers).tolist()
+
+    def __len__(self) -> int:
+        return self.global_sampler.steps_per_epoch * (
+            self.global_sampler.global_batch // self.workers
+        )

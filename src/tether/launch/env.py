@@ -2,12 +2,17 @@
 
 torch's elastic launcher, ``torchrun`` and our local launcher describe a worker's place in the job
 through the standard variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT). Everything else in Tether receives these values as arguments (DESIGN.md convention 8).
+MASTER_PORT). ``tether.init`` also finds its place under the other launchers a user's own script
+runs under (:meth:`DistEnv.detect`): SLURM's ``srun``, MPI's ``mpiexec`` (MPICH/Hydra and Open
+MPI) and Kubeflow's PyTorchJob, as Lightning's cluster environments do. Everything else in Tether
+receives these values as arguments (DESIGN.md convention 8).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +26,11 @@ class DistEnv:
     master_addr: str
     master_port: int | None
     run_id: str | None
+    # Which launcher described this process: torchrun (also our local launcher), slurm, mpi,
+    # kubeflow, or none (a single process).
+    source: str = "torchrun"
+    # The launcher's agent hosts the rendezvous store (torchrun): every rank is its client.
+    agent_store: bool = False
 
     @staticmethod
     def read() -> DistEnv:
@@ -35,7 +45,63 @@ class DistEnv:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(port) if port else None,
             run_id=env.get("TORCHELASTIC_RUN_ID"),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         )
+
+    @staticmethod
+    def detect() -> DistEnv:
+        """This process's place under whichever launcher started it: torchrun's variables first
+        (they are also what ``srun torchrun`` and our launcher set), then Kubeflow's PyTorchJob
+        (RANK and WORLD_SIZE without LOCAL_*), SLURM (an ``srun`` step: SLURM_PROCID), MPI
+        (Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_*), else a single process. The rendezvous
+        address is MASTER_ADDR/MASTER_PORT where set; under SLURM the first host of the job's
+        node list and a port derived from the job id; under MPI None (the caller agrees on one
+        through MPI itself)."""
+        env = os.environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            read = DistEnv.read()
+            if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
+                return read
+            # Kubeflow's PyTorchJob: one process per pod, so every rank is alone on its node.
+            return dataclasses.replace(read, local_rank=0, local_world_size=1, source="kubeflow")
+        port = env.get("MASTER_PORT")
+        if "SLURM_PROCID" in env and ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
+            world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+            local_world = _slurm_tasks_on_this_node(env, world)
+            job = env.get("SLURM_JOB_ID", "0")
+            return DistEnv(
+                rank=int(env["SLURM_PROCID"]),
+                world_size=world,
+                local_rank=int(env.get("SLURM_LOCALID", "0")),
+                local_world_size=local_world,
+                master_addr=env.get("MASTER_ADDR")
+                or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+                master_port=int(port) if port else 20000 + int(job) % 20000,
+                run_id=f"slurm-{job}",
+                source="slurm",
+            )
+        for rank_key, size_key, local_key, local_size_key in (
+            (
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+            ),
+            ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+        ):
+            if rank_key in env and size_key in env:
+                world = int(env[size_key])
+                return DistEnv(
+                    rank=int(env[rank_key]),
+                    world_size=world,
+                    local_rank=int(env.get(local_key, env[rank_key])),
+                    local_world_size=int(env.get(local_size_key, world)),
+                    master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                    master_port=int(port) if port else None,
+                    run_id=env.get("TETHER_RUN_ID"),
+                    source="mpi",
+                )
+        return dataclasses.replace(DistEnv.read(), source="none")
 
     @property
     def launched(self) -> bool:
@@ -75,3 +141,41 @@ def launcher_local_world_size() -> int | None:
     says: the node layout the hierarchical collectives use."""
     value = os.environ.get("LOCAL_WORLD_SIZE")
     return int(value) if value else None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``node[01-04,07],gpu1`` -> ``node01``."""
+    match = re.match(r"([^,\[]*)(\[([^\]]*)\])?", nodelist.strip())
+    if not match or (not match.group(1) and not match.group(3)):
+        return "127.0.0.1"
+    prefix, ranges = match.group(1), match.group(3)
+    if not ranges:
+        return prefix
+    first = re.split(r"[,-]", ranges)[0]
+    return f"{prefix}{first}"
+
+
+def _slurm_tasks_on_this_node(env: os._Environ[str], world: int) -> int:
+    """Tasks of this step on this node: SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE give
+    ``2(x3),1`` (node counts); with an even layout every node has the first number."""
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    match = re.match(r"(\d+)", text)
+    return int(match.group(1)) if match else world
+
+
+def launcher_method() -> str | None:
+    """The method ``tether launch --method M`` started this script for (TETHER_METHOD)."""
+    return os.environ.get("TETHER_METHOD") or None
+
+
+def set_launcher_method(method: str) -> None:
+    """Tell the scripts ``tether launch`` starts which method it launched them for."""
+    os.environ["TETHER_METHOD"] = method
+
+
+def pin_loopback_if_local(env: DistEnv) -> None:
+    """A job whose every rank is on this machine and meets on a loopback address keeps gloo on
+    loopback too, so nothing listens on an external interface (unless the user chose one)."""
+    local = env.local_world_size == env.world_size
+    if local and env.master_addr in ("127.0.0.1", "localhost", "::1"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

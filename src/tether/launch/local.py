@@ -17,7 +17,9 @@ import logging
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -26,11 +28,9 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tether.config import TrainConfig
 from tether.errors import WorkerFailure
-from tether.launch.env import prepare_local_environment
+from tether.launch.env import prepare_local_environment, set_launcher_method
 from tether.launch.exits import stopped
 from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
-from tether.launch.worker import run_worker
-from tether.methods import METHODS
 from tether.observe.files import atomic_write_json, atomic_write_text
 from tether.observe.timeline import merge_after_run
 
@@ -104,20 +104,30 @@ def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> La
     )
 
 
-def launch_local(config: TrainConfig, processes: int) -> None:
-    """Run the training job in ``processes`` local worker processes; raise WorkerFailure on error.
+def launch_local(
+    config: TrainConfig,
+    processes: int,
+    worker: Callable[..., None],
+    worker_module: str,
+    extra_args: tuple[str, ...] = (),
+    tolerant: bool = False,
+) -> None:
+    """Run ``worker(config_toml, *extra_args)`` in ``processes`` local worker processes; raise
+    WorkerFailure on error.
 
-    For a method with ``tolerates_worker_loss``, a worker rank other than 0 may die without ending
-    the run; the run directory then records it (``summary.json`` ``lost_workers``, ``lost/``).
+    ``tolerant`` (a method that carries on without a lost worker): a worker rank other than 0
+    may die without ending the run; each rank then runs ``python -m worker_module CONFIG_FILE
+    *extra_args`` under the supervisor, and the run directory records the loss
+    (``summary.json`` ``lost_workers``, ``lost/``).
     """
     launch = local_launch_config(processes, "tether")
-    tolerant = bool(getattr(METHODS.get(config.method), "tolerates_worker_loss", False))
     run_dir = Path(config.out) if config.out else None
+    tolerant = tolerant and run_dir is not None
     try:
         if tolerant and run_dir is not None:
-            _launch_supervised(launch, config, run_dir)
+            _launch_supervised(launch, config, run_dir, worker_module, extra_args)
         else:
-            elastic_launch(launch, run_worker)(config.to_toml())
+            elastic_launch(launch, worker)(config.to_toml(), *extra_args)
     except ChildFailedError as error:
         log = run_dir / "failures.log" if run_dir is not None else None
         message, ranks = describe_failures(error, log)
@@ -133,15 +143,47 @@ def launch_local(config: TrainConfig, processes: int) -> None:
         _record_lost_workers(run_dir)
 
 
-def _launch_supervised(launch: LaunchConfig, config: TrainConfig, run_dir: Path) -> None:
+def _launch_supervised(
+    launch: LaunchConfig,
+    config: TrainConfig,
+    run_dir: Path,
+    worker_module: str,
+    extra_args: tuple[str, ...],
+) -> None:
     lost = run_dir / LOST_DIR
     shutil.rmtree(lost, ignore_errors=True)  # records of an earlier attempt (before a resume)
     config_path = run_dir / LAUNCH_CONFIG
     atomic_write_text(config_path, config.to_toml())
     python = sys.executable
     supervise = [python, "-m", "tether.launch.supervise", "--lost-dir", str(lost), "--"]
-    worker = [python, "-m", "tether.launch.worker_main", str(config_path)]
+    worker = [python, "-m", worker_module, str(config_path), *extra_args]
     elastic_launch(launch, supervise[0])(*supervise[1:], *worker)
+
+
+def launch_script(
+    command: list[str], processes: int, tolerant: bool = False, method: str | None = None
+) -> None:
+    """Run a user's program (``[script.py, args...]`` for this Python, or ``-m module ...``) in
+    ``processes`` local processes under the same agent as ``tether train`` (``tether launch``);
+    raise WorkerFailure when one fails. ``tolerant``: as for a training run, a worker rank
+    other than 0 may die and the others carry on (each runs under the supervisor).
+    ``method`` is what ``tether.init()`` in the script uses when it names none."""
+    if method is not None:
+        set_launcher_method(method)
+    launch = local_launch_config(processes, "tether-launch")
+    python = sys.executable
+    try:
+        if tolerant:
+            with tempfile.TemporaryDirectory(prefix="tether-lost-") as lost:
+                supervise = ["-m", "tether.launch.supervise", "--lost-dir", lost, "--"]
+                elastic_launch(launch, python)(*supervise, python, *command)
+        else:
+            elastic_launch(launch, python)(*command)
+    except ChildFailedError as error:
+        message, ranks = describe_failures(error, None)
+        raise WorkerFailure(message, ranks) from None
+    except SignalException as stop:
+        raise stopped(stop) from None
 
 
 def _append(log: Path, text: str) -> None:

@@ -1,8 +1,8 @@
-"""Worker process setup and the worker entry point used by every launcher.
+"""Worker process setup: one thread, the backend, the device, the process group.
 
-The same :func:`run_worker` runs under our local elastic launch, under ``torchrun`` (through
-``python -m tether.run``) and under SLURM ``srun`` + torchrun: it only needs the standard
-environment that those launchers provide.
+The same setup runs under our local elastic launch, under ``torchrun`` and under SLURM ``srun`` +
+torchrun: it only needs the standard environment that those launchers provide. What the worker
+then runs is its caller's business (:mod:`tether.runner` for training runs).
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
-from tether.launch.teardown import before_init_process_group, shut_down_process_group
+from tether.launch.teardown import before_init_process_group
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,9 @@ def place(requested: str, env: DistEnv) -> tuple[str, torch.device]:
     return backend, device
 
 
-def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
+def init_process_group(
+    backend: str, env: DistEnv, timeout_s: float, store: dist.Store | None = None
+) -> None:
     """The default process group. With NCCL it is two backends in one group: NCCL for CUDA
     tensors (the payloads) and gloo for CPU tensors, so the small control tensors that stay on
     the CPU (evaluation totals, stop flags, message headers, any-source receives, which NCCL
@@ -61,33 +61,39 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     before_init_process_group()
     dist.init_process_group(
         "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
+        store=store,  # None: env:// from the launcher's MASTER_ADDR/PORT
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
 
 
-def init_worker(config: TrainConfig) -> WorkerPlacement:
-    """One thread, the process group (env:// rendezvous from the launcher), the device."""
-    torch.set_num_threads(1)
+def init_worker(backend: str, timeout_s: float, threads: int = 1) -> WorkerPlacement:
+    """``threads`` intra-op threads, the process group (env:// rendezvous from the launcher),
+    the device."""
+    torch.set_num_threads(threads)
     env = DistEnv.read()
-    backend, device = place(config.backend, env)
-    init_process_group(backend, env, config.timeout_s)
-    return WorkerPlacement(env, backend, device)
+    resolved, device = place(backend, env)
+    init_process_group(resolved, env, timeout_s)
+    return WorkerPlacement(env, resolved, device)
 
 
-@record
-def run_worker(config_toml: str) -> None:
-    """Entry point of a worker process: ``config_toml`` is the fully resolved config."""
-    import tomllib
+_BASE_STORES: dict[tuple[str, int], dist.Store] = {}
 
-    from tether.config import apply_overrides
-    from tether.training.trainer import Trainer
 
-    config = apply_overrides(TrainConfig(), tomllib.loads(config_toml))
-    placement = init_worker(config)
-    # After a clean run only. After an error the group is left as it is: closing this rank's
-    # connections before ``record`` has written the error would let a peer fail first on the
-    # closed connection and be reported as the cause; the process exits right after anyway.
-    Trainer(config, placement).run()
-    shut_down_process_group()
+def rendezvous_store(env: DistEnv, timeout_s: float, generation: int) -> dist.Store:
+    """The key-value store a process group meets in, for the ``generation``-th group this
+    process starts: one TCP store per address, kept for the process's life (the launcher's
+    agent hosts it under torchrun; else rank 0 does), and a fresh key prefix per generation, so
+    a second ``tether.init`` in the same process never reads the keys of the first."""
+    assert env.master_port is not None
+    key = (env.master_addr, env.master_port)
+    if key not in _BASE_STORES:
+        _BASE_STORES[key] = dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            env.world_size,
+            is_master=env.rank == 0 and not env.agent_store,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return dist.PrefixStore(f"tether/{generation}", _BASE_STORES[key])

@@ -7,10 +7,8 @@ elastic update of each arrival in turn; no worker waits for another's computatio
 from __future__ import annotations
 
 from tether.methods.elastic import ElasticServerMethod
-from tether.methods.registry import METHODS
 
 
-@METHODS.register("async-easgd", help="EASGD, first-come-first-served server, serialized updates")
 class AsyncEASGD(ElasticServerMethod):
     """Default lr 0.4, tau 4: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
     11.8-13.4 s against 14.3-16.7 s with tau 1 and 19.4-19.5 s at lr 0.2; 0.8 diverged

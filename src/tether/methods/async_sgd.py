@@ -2,9 +2,11 @@
 
 A worker computes a gradient at the weights it last received (averaged over ``tau`` batches when
 ``tau > 1``), pushes it as one message, and receives the current weights in reply. The server
-applies each gradient on arrival, one at a time: ``w <- w - lr * g``. A gradient computed on weights
-more than ``--staleness-bound`` updates old is dropped (counted in summary.json) and the worker just
-gets fresh weights.
+applies each gradient on arrival, one at a time, with its optimizer (plain SGD by default,
+``w <- w - lr * (g + wd * w)``; the user's optimizer when one is given, so the server also holds
+its state, e.g. Adam's moments) and steps its learning-rate schedule on the run's global step. A
+gradient computed on weights more than ``--staleness-bound`` updates old is dropped (counted in
+summary.json) and the worker just gets fresh weights.
 """
 
 from __future__ import annotations
@@ -12,16 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from tether.comm.header import MessageKind
-from tether.methods.base import MethodContext, StepTimes
-from tether.methods.local_step import loss_and_gradient
+from tether.methods.base import Backward, StepTimes
+from tether.methods.flat import flat_gradient
 from tether.methods.ps_method import ServeResult, ServerHooks, ServerMethod
-from tether.methods.registry import METHODS
 
 
-@METHODS.register("async-sgd", help="parameter-server SGD, first-come-first-served")
 class AsyncSGD(ServerMethod):
     """Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
     13.5-17.7 s against 17.9-21.3 s at 0.05; 0.2 did not reach it in 4 epochs and 0.4 diverged
@@ -30,23 +29,23 @@ class AsyncSGD(ServerMethod):
 
     name = "async-sgd"
     defaults = {"lr": 0.1}
+    settings = frozenset({"tau", "staleness_bound"})
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.tau = self.config.tau
         self.accumulated = torch.zeros_like(self.flat)
         # Server: the version of the weights, and the version each worker last received.
         self.version = 0
         self.sent_version = dict.fromkeys(range(1, self.transport.world_size), 0)
         self.dropped = 0
+        self.params = list(self.model.parameters())  # views of ``flat``, in its order
 
     # -- worker ----------------------------------------------------------------------------------
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss, grad = loss_and_gradient(self.model, inputs, targets)
-        self.accumulated.add_(grad)
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = backward()
+        self.accumulated.add_(flat_gradient(self.model), alpha=self.grad_scale)
         self.local_step += 1
-        times.compute_s += self.clock() - start
         if self.local_step % self.tau == 0:
             start = self.clock()
             self.accumulated.div_(self.tau)
@@ -59,10 +58,14 @@ class AsyncSGD(ServerMethod):
 
     # -- server ----------------------------------------------------------------------------------
     def apply_gradient(self, grad: torch.Tensor) -> None:
-        """The server's update rule: ``w <- w - lr * (g + wd * w)``."""
-        if self.config.weight_decay:
-            grad.add_(self.flat, alpha=self.config.weight_decay)
-        self.flat.sub_(grad, alpha=self.config.lr)
+        """The server's update: ``grad`` (flat, in the parameters' order) becomes the
+        parameters' gradients, then one optimizer step and the schedule to the global step."""
+        offset = 0
+        for p in self.params:
+            p.grad = grad[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.optimizer.step()
+        self.advance_schedule(self.server.state.global_step())
 
     def serve(self, hooks: ServerHooks) -> ServeResult:
         bound = self.config.staleness_bound
@@ -82,7 +85,10 @@ class AsyncSGD(ServerMethod):
         return self.result(rounds=rounds, stale_gradients_dropped=self.dropped, tau=self.tau)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version}
+        # Written by the server: its optimizer (the one that applies the gradients) and schedule.
+        return {**super().state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.is_server:
+            super().load_state_dict(state)
         self.version = int(state.get("version", 0))

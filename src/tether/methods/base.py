@@ -1,13 +1,21 @@
-"""The method protocol: what a training method owns and what it leaves to the trainer.
+"""The method protocol: what a training method owns and what it leaves to its caller.
 
-A *method* (sync SGD, the EASGD family, parameter-server SGD, ...) owns how a worker steps and
-communicates: the local update, what crosses the wire and when, and which model is the one to
-evaluate (the center variable for EASGD). The *trainer* owns everything around it: data and
-sharding, the step loop, evaluation, logging, checkpoints and timing.
+A *method* (sync SGD, the EASGD family, parameter-server SGD, ...) owns how a worker communicates
+around its optimizer step: what crosses the wire and when, and which model is the one to evaluate
+(the center variable for EASGD). It does not own the loss, the data or the optimizer: its caller
+(Tether's trainer, or a user's own loop through ``tether.init``) computes the loss and its
+backward pass, and the local update is always a ``torch.optim.Optimizer`` step over the model's
+parameters (the one step seam). So any model, loss, optimizer and schedule work with any method.
 
-Ranks play roles. In data-parallel methods every rank is a WORKER. Parameter-server methods make one
-rank a SERVER that computes no gradients; the trainer calls :meth:`TrainingMethod.serve` there
-instead of running the step loop.
+One step, as the caller drives it::
+
+    method.zero_grad()
+    loss = method.step(backward, times)   # backward() runs forward + backward (or nothing, when
+                                          # the caller already ran them) and returns the loss
+
+Ranks play roles. In data-parallel methods every rank is a WORKER. Parameter-server methods make
+one rank a SERVER that computes no gradients; the caller runs :meth:`TrainingMethod.serve` there
+instead of the step loop.
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ from __future__ import annotations
 import enum
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -24,6 +34,11 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.observe.metrics import PhaseTotals
+from tether.optim import LOCAL_STEPS, OptimizerSettings, needs_closure
+
+Backward = Callable[[], "torch.Tensor | None"]
+"""Runs forward and backward on this step's batch and returns the loss (or does nothing and
+returns None when the caller already did: a user's own loop)."""
 
 
 class Role(enum.Enum):
@@ -33,15 +48,16 @@ class Role(enum.Enum):
 
 @dataclass
 class StepTimes:
-    """Seconds one step spent in each phase, filled in by the method (data is the trainer's)."""
+    """Seconds one step spent waiting for communication, filled in by the method; the caller
+    counts the rest of the step as computation."""
 
-    compute_s: float = 0.0
     comm_s: float = 0.0  # communication that was NOT hidden under computation
     # When those waits happened (``time.perf_counter`` start and end, as :meth:`waited` records
     # them), so that the timeline shows them where they were instead of laying durations out in
     # order: one preemption of a few milliseconds inside a step is enough for a layout by
     # durations to put sync SGD's wait after its update.
     comm_spans: list[tuple[float, float]] = field(default_factory=list)
+    compute_s: float = 0.0  # set by the caller: the step's time minus comm_s
 
     def waited(self, start: float, end: float) -> None:
         """Count the exposed communication from ``start`` to ``end`` (method clock readings)."""
@@ -51,16 +67,45 @@ class StepTimes:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Facts about where this process runs, from the launcher (DESIGN.md convention 8: only
+    :mod:`tether.launch.env` reads the environment; everything else gets these as values)."""
+
+    local_world_size: int | None = None  # ranks on this node; None: every rank is on this node
+    run_id: str | None = None  # the launch's id (names the Hogwild shared-memory files)
+    cache_dir: Path | None = None  # where measurements are cached (collective calibration)
+
+    def ranks_on_node(self, world_size: int) -> int:
+        return self.local_world_size if self.local_world_size is not None else world_size
+
+
+@dataclass(frozen=True)
 class MethodContext:
     """Runtime objects a method is built with (never part of a config: DESIGN.md convention 1)."""
 
     config: TrainConfig
     transport: TorchTransport
     device: torch.device
+    placement: Placement = field(default_factory=Placement)
+
+
+def optimizer_settings(config: TrainConfig) -> OptimizerSettings:
+    return OptimizerSettings(
+        lr=config.lr,
+        momentum=config.momentum,
+        nesterov=config.nesterov,
+        weight_decay=config.weight_decay,
+    )
 
 
 class TrainingMethod(ABC):
-    """Base class of every method. Subclasses are registered in :data:`tether.methods.METHODS`."""
+    """Base class of every method (the table of names is :data:`tether.methods.METHODS`).
+
+    Built with the model (already on its device), the optimizer over its parameters (the method's
+    own default when None: :attr:`default_optimizer`) and optionally a learning-rate scheduler
+    over that optimizer, which the method steps: once per optimizer step, or for asynchronous
+    methods on the global update count.
+    """
 
     name: ClassVar[str]
     # Extra processes beyond the computing workers (a parameter server takes one).
@@ -72,13 +117,36 @@ class TrainingMethod(ABC):
     # Config values this method uses unless the user sets them (tuned per method: see the
     # method's docstring for the measurement behind them).
     defaults: ClassVar[dict[str, Any]] = {}
+    # The local step when the user names no optimizer (``--optimizer auto``): a name of
+    # :data:`tether.optim.LOCAL_STEPS`.
+    local_step_name: ClassVar[str] = "plain-sgd"
+    # The method-specific config keys it reads (among tether.methods.METHOD_SETTINGS): setting
+    # another one warns that it has no effect.
+    settings: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        context: MethodContext,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
         self.model = model
         self.context = context
         self.config = context.config
         self.transport = context.transport
-        self.local_step = 0  # steps this worker has taken, counted from the start of the run
+        self.optimizer = optimizer or self.build_default_optimizer(model.parameters(), self.config)
+        self.scheduler = scheduler
+        self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
+        # Multiplies the gradient before the update: 1/k under gradient accumulation over k
+        # backward passes (set by the caller).
+        self.grad_scale = 1.0
+
+    @classmethod
+    def build_default_optimizer(
+        cls, params: Iterable[torch.Tensor], config: TrainConfig
+    ) -> torch.optim.Optimizer:
+        return LOCAL_STEPS[cls.local_step_name](params, optimizer_settings(config))
 
     def clock(self) -> float:
         """``time.perf_counter()`` once the device has run what was queued: CUDA kernels run
@@ -113,10 +181,70 @@ class TrainingMethod(ABC):
         return False
 
     # The step -----------------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Clear the gradients before the next backward pass."""
+        self.optimizer.zero_grad(set_to_none=True)
+
     @abstractmethod
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        """One local step on this worker's batch: forward, backward, communicate, update.
-        Returns the local loss."""
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        """One local step: ``backward()`` (forward and backward, or nothing if the caller ran
+        them), communication, the update. Returns what ``backward`` returned."""
+
+    def local_update(
+        self,
+        backward: Backward,
+        times: StepTimes,
+        wait: Callable[[], tuple[float, float]] | None = None,
+    ) -> torch.Tensor | None:
+        """The step seam: backward, then ``wait`` for the gradients' communication (its
+        interval is exposed communication), then the optimizer's step and the schedule's.
+
+        An optimizer that evaluates the loss itself (LBFGS, EAMSGD's look-ahead) gets the
+        backward and the wait as its closure; others step after them, so the timeline times the
+        update alone."""
+
+        def closure() -> torch.Tensor | None:
+            loss = backward()
+            if wait is not None:
+                times.waited(*wait())
+            self.scale_gradients()
+            return loss
+
+        if needs_closure(self.optimizer):
+            # torch's stubs type the closure's result as float; any loss value is passed back
+            loss = cast(Any, self.optimizer).step(closure)
+        else:
+            loss = closure()
+            self.optimizer.step()
+        self.local_step += 1
+        if self.scheduler is not None and self.schedule_per_step:
+            self.scheduler.step()
+        return loss
+
+    # Synchronous methods step their schedule with every optimizer step; asynchronous ones
+    # follow the global update count instead (:meth:`advance_schedule`).
+    schedule_per_step: ClassVar[bool] = True
+
+    def advance_schedule(self, global_step: int) -> None:
+        """Step the scheduler until it has seen ``global_step`` updates (asynchronous methods:
+        the count of the whole run, so a slow worker's rate is the run's, not its own)."""
+        if self.scheduler is None:
+            return
+        while self.scheduler.last_epoch < global_step:
+            self.scheduler.step()
+
+    def scale_gradients(self) -> None:
+        if self.grad_scale == 1.0:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, self.grad_scale)
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Whether the next backward pass is the last one before an optimizer step (gradient
+        accumulation turns it off for the passes in between); methods that communicate during
+        backward skip that communication when it is off."""
+        del enabled
 
     def serve(self, hooks: Any) -> Any:  # pragma: no cover - only server-based methods override it
         raise NotImplementedError(f"{self.name} has no server role")
@@ -137,8 +265,15 @@ class TrainingMethod(ABC):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Method state beyond the model weights (optimizer momentum, center variable, ...)."""
-        return {}
+        """Method state beyond the model weights: the optimizer's and scheduler's, and the
+        method's own (center variable, counters, ...). Subclasses extend it."""
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])

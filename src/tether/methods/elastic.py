@@ -4,7 +4,9 @@ async-easgd and async-measgd (You, Buluc, Demmel, SC17, section 4; Zhang et al.,
 Every ``tau`` local steps worker i sends its flat weights ``x_i`` (one message); the server computes
 ``d = x_i - c`` with its current center, replies with that same ``c``, and then moves the center
 ``c <- c + alpha*d``; the worker moves ``x_i <- x_i - alpha*d``. The methods differ only in the order
-the server serves workers (round-robin or first come, first served) and in the worker's local step.
+the server serves workers (round-robin or first come, first served) and in the worker's default
+local step (plain SGD, or EAMSGD's Nesterov momentum); the local step is the user's optimizer when
+one is given.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.config import TrainConfig
-from tether.methods.base import MethodContext, StepTimes
-from tether.methods.local_step import NesterovStep, PlainStep
+from tether.methods.base import Backward, StepTimes
 from tether.methods.ps_method import ServeResult, ServerHooks, ServerMethod
+
+# The elastic methods' own settings (config keys): setting them for another method warns.
+ELASTIC_SETTINGS = frozenset({"alpha", "rho", "tau"})
 
 
 def elastic_rate(config: TrainConfig, workers: int) -> float:
@@ -39,32 +42,23 @@ class ElasticServerMethod(ServerMethod):
     """EASGD with the center on a server; subclasses choose the service order and local step."""
 
     round_robin: ClassVar[bool] = False
-    local_momentum: ClassVar[bool] = False
+    settings = ELASTIC_SETTINGS
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
-        config = self.config
-        self.alpha = elastic_rate(config, self.computing_workers())
-        self.tau = config.tau
-        if self.local_momentum:
-            self.local: PlainStep | NesterovStep = NesterovStep(
-                self.flat, config.lr, config.momentum, config.weight_decay
-            )
-        else:
-            self.local = PlainStep(self.flat, config.lr, config.weight_decay)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.alpha = elastic_rate(self.config, self.computing_workers())
+        self.tau = self.config.tau
 
     # -- worker ----------------------------------------------------------------------------------
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss = self.local.step(self.model, inputs, targets)
-        self.local_step += 1
-        times.compute_s += self.clock() - start
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = self.local_update(backward, times)
         if self.local_step % self.tau == 0:
             start = self.clock()
             center = self.link.exchange(self.flat, MessageKind.PARAMS, self.local_step)
             if center is not None:
                 elastic_worker_update(self.flat, center, self.alpha)
             times.waited(start, self.clock())
+            self.advance_schedule(self.link.global_step)
         return loss
 
     # -- server ----------------------------------------------------------------------------------
@@ -84,8 +78,9 @@ class ElasticServerMethod(ServerMethod):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"local": self.local.state_dict()} if not self.is_server else {}
+        # Written by the server (rank 0): the center is the model; workers restart from it with
+        # fresh local optimizers, which also lets a run resume with a different worker count.
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "local" in state and not self.is_server:
-            self.local.load_state_dict(state["local"])
+        del state

@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.errors import TetherError
-from tether.launch.env import DistEnv
 from tether.methods.base import MethodContext
 from tether.methods.flat import flatten_parameters
 from tether.methods.ps_method import ServerHooks, ServerMethod
@@ -50,10 +48,10 @@ SETUP_CHANNEL = 3
 POLL_S = 0.015
 
 
-def single_node(env: DistEnv | None = None) -> bool:
+def single_node(context: MethodContext) -> bool:
     """True when every rank of the job runs on this node, so shared memory can hold the model."""
-    env = env if env is not None else DistEnv.read()
-    return env.local_world_size == env.world_size
+    world = context.transport.world_size
+    return context.placement.ranks_on_node(world) == world
 
 
 class HogwildMethod(ServerMethod):
@@ -63,8 +61,11 @@ class HogwildMethod(ServerMethod):
     # The workers never wait for the server, so they keep training while it evaluates.
     evaluation_pauses_workers: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    # Each worker steps its own schedule to the run's global step, read from the board.
+    schedule_per_step: ClassVar[bool] = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.workers = self.computing_workers()
         self.board: torch.Tensor | None = None  # None until start, or without shared memory
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
@@ -85,7 +86,7 @@ class HogwildMethod(ServerMethod):
         self.local_step = step
         numel, dtype = self.flat.numel(), self.flat.dtype
         words = 2 * self.workers + 1
-        run_id = DistEnv.read().run_id
+        run_id = self.context.placement.run_id
         token = torch.zeros(1, dtype=torch.int64)
         if not self.is_server:
             self.transport.recv_message(
@@ -117,10 +118,12 @@ class HogwildMethod(ServerMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def note_step(self) -> None:
-        """Count a local step where the server can see it."""
-        self.local_step += 1
+        """Publish this worker's step count (the optimizer step counted it) where the server
+        can see it, and follow the run's global step with the learning-rate schedule."""
         if self.board is not None:
             self.board[self.worker_index()] = self.local_step
+            if self.scheduler is not None:
+                self.advance_schedule(sum(self.board_steps()) // self.workers)
 
     @property
     def stop_requested(self) -> bool:

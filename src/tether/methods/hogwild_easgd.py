@@ -1,8 +1,8 @@
 """hogwild-easgd: EASGD whose center variable is updated without any lock (You, Buluc, Demmel,
 SC17, "Hogwild EASGD"; Zhang, Choromanska, LeCun, NIPS 2015; Recht et al., NIPS 2011).
 
-Each worker keeps its own flat ``x_i`` and takes plain local steps ``x_i <- x_i - lr*(g + wd*x_i)``.
-Every ``tau`` steps it does the elastic exchange with the center ``c``: ``d = x_i - c``,
+Each worker keeps its own flat ``x_i`` and takes local optimizer steps (plain SGD by default,
+``x_i <- x_i - lr*(g + wd*x_i)``). Every ``tau`` steps it does the elastic exchange with the center ``c``: ``d = x_i - c``,
 ``x_i <- x_i - alpha*d``, ``c <- c + alpha*d`` (``alpha`` from ``--alpha``/``--rho``, else the
 EASGD paper's ``0.9/P``). As in async-easgd no worker ever waits for another; unlike async-easgd,
 the center's updates are not serialized.
@@ -27,6 +27,7 @@ reply, so a finished exchange is always already in ``c``. Setting the class attr
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, ClassVar
 
@@ -35,12 +36,11 @@ from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.errors import TetherError
-from tether.methods.base import MethodContext, StepTimes
-from tether.methods.elastic import elastic_rate
+from tether.methods.base import Backward, StepTimes
+from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
+from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
-from tether.methods.local_step import PlainStep
 from tether.methods.ps_method import ServeResult, ServerHooks
-from tether.methods.registry import METHODS
 from tether.observe.metrics import PhaseTotals
 
 EXCHANGE_CHANNEL = 2  # the threaded exchanges; 0 (data) and 1 (liveness) belong to ps_server
@@ -48,10 +48,6 @@ SERVER = 0
 JOIN_S = 5.0  # a server thread ends with its worker's last message or the loss of its connection
 
 
-@METHODS.register(
-    "hogwild-easgd",
-    help="EASGD with a lock-free center (shared memory; server threads across nodes)",
-)
 class HogwildEASGD(HogwildMethod):
     """Default lr 0.4, tau 1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
     12.3-12.7 s against 13.6-13.8 s with tau 4 and 16-19 s at lr 0.2; 0.8 diverged
@@ -60,19 +56,21 @@ class HogwildEASGD(HogwildMethod):
 
     name = "hogwild-easgd"
     defaults = {"lr": 0.4}
+    settings = ELASTIC_SETTINGS
     shared_name = "center"
     # None: shared memory when every rank is on one node, server threads otherwise.
     shared_memory: ClassVar[bool | None] = None
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
-        self.use_shared = single_node() if self.shared_memory is None else self.shared_memory
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.use_shared = (
+            single_node(self.context) if self.shared_memory is None else self.shared_memory
+        )
         if self.use_shared:
             self.require_cpu()
         config = self.config
         self.alpha = elastic_rate(config, self.workers)
         self.tau = config.tau
-        self.local = PlainStep(self.flat, config.lr, config.weight_decay)
         self.center: torch.Tensor | None = None  # a worker's mapping of the shared center
         self._stop = torch.empty(0, dtype=self.flat.dtype)  # STOP messages carry nothing
         threaded_worker = not (self.use_shared or self.is_server)
@@ -81,6 +79,7 @@ class HogwildEASGD(HogwildMethod):
         self._steps = [0] * self.workers
         self._exchanges = [0] * self.workers
         self._errors: list[TetherError] = []
+        self._center_copy: nn.Module | None = None  # a worker's view of the center (eval_model)
 
     def start(self, step: int = 0) -> None:
         if not self.use_shared:
@@ -94,11 +93,9 @@ class HogwildEASGD(HogwildMethod):
             self.flat.copy_(self.initial)
 
     # -- worker ----------------------------------------------------------------------------------
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss = self.local.step(self.model, inputs, targets)
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = self.local_update(backward, times)
         self.note_step()
-        times.compute_s += self.clock() - start
         if self.local_step % self.tau == 0:
             start = self.clock()
             self.exchange()
@@ -123,6 +120,27 @@ class HogwildEASGD(HogwildMethod):
             self.link.stop_requested = True
         else:
             self.flat.sub_(msg.payload, alpha=self.alpha)
+            self.advance_schedule(msg.header.step)
+
+    def eval_model(self) -> nn.Module:
+        """The server's model is the center; a worker (a user's own loop) sees the live shared
+        center, or (server threads) a copy fetched from its thread."""
+        if self.is_server:
+            return self.model
+        if self._center_copy is None:
+            self._center_copy = copy.deepcopy(self.model)
+            if self.center is not None:  # every parameter a view of the shared center
+                flatten_parameters(self._center_copy, storage=self.center)
+        if self.center is None and not self.link.stop_requested:
+            empty = self._stop
+            self.transport.send_message(empty, SERVER, MessageKind.PULL, channel=EXCHANGE_CHANNEL)
+            buffers = {MessageKind.PARAMS: torch.empty_like(self.flat), MessageKind.STOP: empty}
+            msg = self.transport.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+            if msg.header.kind is MessageKind.STOP:
+                self.link.stop_requested = True
+            else:
+                flatten_parameters(self._center_copy, storage=msg.payload)
+        return self._center_copy
 
     def finish(self, totals: PhaseTotals | None) -> None:
         if not self.is_server and not self.use_shared:
@@ -161,10 +179,17 @@ class HogwildEASGD(HogwildMethod):
     def _serve_worker(self, rank: int) -> None:
         """One worker's exchanges, concurrently with the other workers' threads."""
         slot = rank - 1
-        buffers = {MessageKind.PARAMS: torch.empty_like(self.flat), MessageKind.STOP: self._stop}
+        buffers = {
+            MessageKind.PARAMS: torch.empty_like(self.flat),
+            MessageKind.PULL: self._stop,
+            MessageKind.STOP: self._stop,
+        }
         try:
             while True:
                 msg = self.transport.recv_message(buffers, src=rank, channel=EXCHANGE_CHANNEL)
+                if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
+                    self._send(self.flat.clone(), rank, MessageKind.PARAMS)  # a still copy
+                    continue
                 self._steps[slot] = msg.header.step
                 if msg.header.kind is MessageKind.STOP:
                     return
@@ -181,7 +206,10 @@ class HogwildEASGD(HogwildMethod):
             return  # the worker's connection closed: its liveness watch reports the loss
 
     def _send(self, payload: torch.Tensor, rank: int, kind: MessageKind) -> None:
-        self.transport.send_message(payload, rank, kind, channel=EXCHANGE_CHANNEL)
+        """Reply on the exchange channel, with the run's global step in the header (the worker's
+        learning-rate schedule follows it)."""
+        global_step = sum(self._steps) // self.workers
+        self.transport.send_message(payload, rank, kind, global_step, EXCHANGE_CHANNEL)
 
     def move_center(self, d: torch.Tensor) -> None:
         """``c <- c + alpha*d`` in place, concurrently with the other threads: no lock."""
@@ -189,8 +217,8 @@ class HogwildEASGD(HogwildMethod):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"local": self.local.state_dict()} if not self.is_server else {}
+        # Written by the server (rank 0): the center is its model; workers restart from it.
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "local" in state and not self.is_server:
-            self.local.load_state_dict(state["local"])
+        del state

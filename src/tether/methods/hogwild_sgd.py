@@ -18,19 +18,18 @@ workers' gradients one at a time as they arrive).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from tether.errors import TetherError
-from tether.methods.base import MethodContext, StepTimes
+from tether.methods.base import Backward, StepTimes
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
-from tether.methods.local_step import loss_and_gradient
 from tether.methods.ps_method import ServeResult, ServerHooks
-from tether.methods.registry import METHODS
 
 
-@METHODS.register("hogwild-sgd", help="lock-free SGD on weights in shared memory (one node)")
 class HogwildSGD(HogwildMethod):
     """Default lr 0.05: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in 18-24 s, as
     fast as lr 0.1 on average (16-28 s: its lock-free races vary more) and further from
@@ -41,9 +40,9 @@ class HogwildSGD(HogwildMethod):
     defaults = {"lr": 0.05}
     shared_name = "weights"
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
-        if not single_node():
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not single_node(self.context):
             raise TetherError(
                 "hogwild-sgd needs every process on one node (its weights live in shared "
                 "memory); across nodes use --method async-sgd"
@@ -54,20 +53,20 @@ class HogwildSGD(HogwildMethod):
         shared = self.start_shared(step)
         if not self.is_server:
             # From here on the model computes with the live shared weights; the handshake's copy
-            # of the initial weights is the same values and is not needed.
+            # of the initial weights is the same values and is not needed. The optimizer holds
+            # the same Parameter objects, so its steps now write the shared vector.
             self.flat = flatten_parameters(self.model, storage=shared)
 
     # -- worker ----------------------------------------------------------------------------------
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss, grad = loss_and_gradient(self.model, inputs, targets)
-        if self.config.weight_decay:
-            grad.add_(self.flat, alpha=self.config.weight_decay)
-        # In place on the shared weights, no lock: this is the whole of Hogwild.
-        self.flat.sub_(grad, alpha=self.config.lr)
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        # The optimizer's step writes the shared weights in place, with no lock: this is the
+        # whole of Hogwild (plain SGD by default: w <- w - lr * (g + wd * w)).
+        loss = self.local_update(backward, times)
         self.note_step()
-        times.compute_s += self.clock() - start
         return loss
+
+    def eval_model(self) -> nn.Module:
+        return self.model  # every process's model reads the live shared weights
 
     # -- server ----------------------------------------------------------------------------------
     def serve(self, hooks: ServerHooks) -> ServeResult:

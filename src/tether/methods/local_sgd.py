@@ -1,8 +1,9 @@
 """local-sgd: periodic model averaging (a modern baseline, not in SC17; Stich 2019, Lin et al. 2020).
 
-Each worker runs its own momentum SGD; every ``tau`` steps the replicas are replaced by their mean,
-``x_i <- mean_j x_j``, with one all-reduce of the flat parameter vector. Momentum buffers stay local.
-With ``tau = 1`` and plain SGD this is sync SGD up to floating-point association.
+Each worker runs its own optimizer (momentum SGD by default); every ``tau`` steps the replicas are
+replaced by their mean, ``x_i <- mean_j x_j``, with one all-reduce of the flat parameter vector.
+Optimizer state (momentum buffers) stays local. With ``tau = 1`` and plain SGD this is sync SGD up
+to floating-point association.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.methods.base import MethodContext, StepTimes
+from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
-from tether.methods.local_step import loss_backward
-from tether.methods.registry import METHODS
-from tether.methods.replicated import ReplicatedMethod
+from tether.methods.replicated import (
+    REDUCER_SETTINGS,
+    broadcast_parameters,
+    run_reducer,
+)
+from tether.observe.metrics import PhaseTotals
 
 
 def average_(flat: torch.Tensor, transport) -> None:
@@ -25,8 +29,7 @@ def average_(flat: torch.Tensor, transport) -> None:
     flat.div_(transport.world_size)
 
 
-@METHODS.register("local-sgd", help="local momentum SGD, replicas averaged every tau steps")
-class LocalSGD(ReplicatedMethod):
+class LocalSGD(TrainingMethod):
     """Default lr 0.05, tau 4: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in
     8.0-8.3 s against 7.8-10.1 s at lr 0.1 (same step count), 10.3-12.2 s with tau 1 and 14.6 s
     at lr 0.2 (benchmarks/results/method_defaults_sweep.md).
@@ -34,26 +37,40 @@ class LocalSGD(ReplicatedMethod):
 
     name = "local-sgd"
     defaults = {"lr": 0.05, "tau": 4}
+    local_step_name = "sgd"
+    settings = REDUCER_SETTINGS | {"tau", "momentum"}
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    def __init__(
+        self,
+        model: nn.Module,
+        context: MethodContext,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        super().__init__(model, context, optimizer, scheduler)
+        self.reducer = run_reducer(context)
+        self.rounds = 0
         # The optimizer holds the Parameter objects, whose storage becomes views of ``flat``.
         self.flat = flatten_parameters(model)
         self.eval_copy = copy.deepcopy(model)
         self.eval_flat = flatten_parameters(self.eval_copy)
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss = loss_backward(self.model, inputs, targets)
-        self.optimizer.step()
-        self.local_step += 1
-        times.compute_s += self.clock() - start
+    def start(self, step: int = 0) -> None:
+        super().start(step)
+        broadcast_parameters(self.model, self.transport)
+
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = self.local_update(backward, times)
         if self.local_step % self.config.tau == 0:
             start = self.clock()
             self.reducer.start(self.flat, average=True).wait()
             self.rounds += 1
             times.waited(start, self.clock())
         return loss
+
+    def finish(self, totals: PhaseTotals | None) -> None:
+        del totals
+        self.reducer.close()
 
     def summary_extra(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "tau": self.config.tau}
@@ -67,8 +84,8 @@ class LocalSGD(ReplicatedMethod):
         return self.eval_copy
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "rounds": self.rounds}
+        return {**super().state_dict(), "rounds": self.rounds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        super().load_state_dict(state)
         self.rounds = int(state["rounds"])

@@ -9,10 +9,8 @@ carrying on.
 from __future__ import annotations
 
 from tether.methods.elastic import ElasticServerMethod
-from tether.methods.registry import METHODS
 
 
-@METHODS.register("original-easgd", help="EASGD, center served round-robin by rank (baseline)")
 class OriginalEASGD(ElasticServerMethod):
     """Default lr 0.4, tau 1: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in
     14.9-15.7 s (522 steps) against 14.7-16.3 s with tau 4 (638 steps) and 18.0-19.7 s at

@@ -8,13 +8,16 @@ the trainer can evaluate, checkpoint and show progress while the server serves.
 
 from __future__ import annotations
 
+import copy
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import nn
 
+from tether.comm.header import MessageKind
 from tether.comm.transport import Message
 from tether.methods.base import MethodContext, Role, TrainingMethod
 from tether.methods.flat import flatten_parameters
@@ -43,11 +46,22 @@ class ServerMethod(TrainingMethod):
     server_processes: ClassVar[int] = 1
     # Asynchronous methods carry on when a worker dies; a strict round-robin cannot.
     tolerates_worker_loss: ClassVar[bool] = True
+    # A worker's learning-rate schedule follows the run's global step (which the server sends
+    # with every reply), not the worker's own count: a slow worker uses the run's rate.
+    schedule_per_step: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    def __init__(
+        self,
+        model: nn.Module,
+        context: MethodContext,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        super().__init__(model, context, optimizer, scheduler)
         self.flat = flatten_parameters(model)
         self.is_server = self.transport.rank == 0
+        self._eval_copy: nn.Module | None = None  # a worker's copy of the server's model
+        self._eval_flat = self.flat
         if self.is_server:
             # A worker silent this long after the server's reply is hung: the run goes on without it.
             self.server = ServerEndpoint(
@@ -57,8 +71,8 @@ class ServerMethod(TrainingMethod):
             self.link = WorkerEndpoint(self.transport, self.flat)
 
     def start(self, step: int = 0) -> None:
-        super().start(step)
         """Handshake: the server checks each worker's model and sends it the (restored) weights."""
+        super().start(step)
         if self.is_server:
             self.server.handshake(self.flat)
         else:
@@ -85,6 +99,20 @@ class ServerMethod(TrainingMethod):
         if not self.is_server:
             self.link.goodbye(totals or PhaseTotals(), self.local_step)
 
+    def eval_model(self) -> nn.Module:
+        """The server's model; on a worker (a user's own loop calls this), a copy holding the
+        server's current vector, fetched with one PULL message."""
+        if self.is_server:
+            return self.model
+        vector = self.link.fetch()
+        if vector is None:  # stopped: the server no longer answers
+            return self.model
+        if self._eval_copy is None:
+            self._eval_copy = copy.deepcopy(self.model)
+            self._eval_flat = flatten_parameters(self._eval_copy)
+        self._eval_flat.copy_(vector)
+        return self._eval_copy
+
     def result(self, **extra: Any) -> ServeResult:
         state = self.server.state
         return ServeResult(state.totals, state.global_step(), dict(state.lost), extra)
@@ -106,6 +134,9 @@ class ServerMethod(TrainingMethod):
         updates = 0
         for msg in arrivals:
             rank = msg.header.sender
+            if msg.header.kind is MessageKind.PULL:  # a worker reads the vector (eval_model)
+                self.server.reply(rank, self.flat, stop=stopping)
+                continue
             if stopping:
                 self.server.reply(rank, self.flat, stop=True)
                 continue

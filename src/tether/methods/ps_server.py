@@ -132,6 +132,7 @@ class ServerEndpoint:
         return {
             MessageKind.PARAMS: torch.empty_like(self.params),
             MessageKind.GRADIENT: torch.empty_like(self.params),
+            MessageKind.PULL: torch.empty(0, dtype=self.params.dtype),
             MessageKind.STOP: torch.empty(TOTALS_WORDS, dtype=torch.float64),
         }
 
@@ -227,6 +228,8 @@ class ServerEndpoint:
                     self.state.local_steps.get(rank, 0), msg.header.step
                 )
             return False
+        if msg.header.kind is MessageKind.PULL:
+            return True  # a read of the server's vector: no step of the worker's
         self.state.local_steps[rank] = msg.header.step
         self.state.arrivals.append(rank)
         return True
@@ -237,11 +240,13 @@ class ServerEndpoint:
 
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:
-        """Send ``payload`` to ``rank``, or tell it to stop. A send to a worker that died in the
-        meantime marks it lost instead of failing the server."""
+        """Send ``payload`` to ``rank``, or tell it to stop, with the run's global step in the
+        header (workers follow it with their learning-rate schedule). A send to a worker that
+        died in the meantime marks it lost instead of failing the server."""
         kind = MessageKind.STOP if stop else MessageKind.PARAMS
+        step = self.state.global_step()
         try:
-            self.transport.send_message(payload if not stop else payload[:0], rank, kind)
+            self.transport.send_message(payload if not stop else payload[:0], rank, kind, step)
             self._replied[rank] = time.monotonic()
         except Exception as exc:
             self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))

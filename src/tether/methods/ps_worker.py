@@ -23,6 +23,7 @@ class WorkerEndpoint:
             MessageKind.STOP: torch.empty(0, dtype=params.dtype),
         }
         self.stop_requested = False
+        self.global_step = 0  # the run's global step, as of the server's last reply
 
     def handshake(self) -> torch.Tensor:
         """Announce our model (count and dtype) and receive the initial weights."""
@@ -44,7 +45,18 @@ class WorkerEndpoint:
         msg = self.transport.recv_message(self._reply, src=SERVER)
         if msg.header.kind is MessageKind.STOP:
             self.stop_requested = True
+        self.global_step = max(self.global_step, msg.header.step)
         return msg.payload
+
+    def fetch(self) -> torch.Tensor | None:
+        """The server's current vector (its weights or center), without changing it: a PULL
+        message and its reply. None when the server has already stopped this worker."""
+        if self.stop_requested:
+            return None
+        empty = torch.empty(0, dtype=self.params.dtype)
+        self.transport.send_message(empty, SERVER, MessageKind.PULL, channel=DATA_CHANNEL)
+        reply = self.exchange_reply()
+        return None if self.stop_requested else reply
 
     def goodbye(self, totals: PhaseTotals, step: int = 0) -> None:
         """Report this worker's timings, then release the server's liveness watch."""

@@ -1,15 +1,15 @@
 """What the replicated methods share: every worker holds a full replica of the model, starts
-from rank 0's weights, trains with momentum SGD and all-reduces with the configured algorithm and
-wire format (sync-sgd averages gradients every step, local-sgd parameters every tau steps)."""
+from rank 0's weights, and all-reduces with the configured algorithm and wire format (sync-sgd
+averages gradients every step, local-sgd parameters every tau steps, sync-easgd sums the elastic
+differences every tau steps)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tether.comm.reducer import build_reducer
-from tether.methods.base import MethodContext, TrainingMethod
-from tether.observe.metrics import PhaseTotals
+from tether.comm.reducer import AllReducer
+from tether.methods.base import MethodContext
 
 
 def broadcast_parameters(model: nn.Module, transport, src: int = 0) -> None:
@@ -37,29 +37,18 @@ def average_buffers(model: nn.Module, transport) -> None:
         offset += b.numel()
 
 
-def make_sgd(model: nn.Module, config) -> torch.optim.SGD:
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
+def run_reducer(context: MethodContext) -> AllReducer:
+    """The all-reducer the run's ``allreduce``, ``compress`` and ``ranks_per_node`` ask for; the
+    node size defaults to the launcher's (for ``hierarchical`` and ``auto``'s calibration)."""
+    config, transport = context.config, context.transport
+    return AllReducer(
+        transport,
+        config.allreduce,
+        config.compress,
+        config.ranks_per_node or context.placement.ranks_on_node(transport.world_size),
+        cache_dir=context.placement.cache_dir,
     )
 
 
-class ReplicatedMethod(TrainingMethod):
-    """A method whose workers keep full replicas in step: momentum SGD, the run's all-reducer,
-    and a start from rank 0's weights."""
-
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
-        self.optimizer = make_sgd(model, self.config)
-        self.reducer = build_reducer(self.transport, self.config)
-        self.rounds = 0
-
-    def start(self, step: int = 0) -> None:
-        super().start(step)
-        broadcast_parameters(self.model, self.transport)
-
-    def finish(self, totals: PhaseTotals | None) -> None:
-        del totals
-        self.reducer.close()
+# The replicated methods' reducer settings (config keys): setting them for another method warns.
+REDUCER_SETTINGS = frozenset({"allreduce", "compress", "ranks_per_node"})

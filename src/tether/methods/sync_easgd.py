@@ -8,6 +8,8 @@ equivalent, deterministic form). Only the center update needs the sum, and the c
 needed at the next round, so the all-reduce runs asynchronously under the next ``tau`` local steps
 (co-design 4: overlap) and is waited for at the start of the next round. Every operation is
 deterministic, so two runs with the same seed give bitwise identical weights.
+
+The local steps are the user's optimizer (plain SGD by default, as in the paper).
 """
 
 from __future__ import annotations
@@ -18,17 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.comm.reducer import PendingReduce, build_reducer
-from tether.methods.base import MethodContext, StepTimes, TrainingMethod
-from tether.methods.elastic import elastic_rate
+from tether.comm.reducer import PendingReduce
+from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
+from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
-from tether.methods.local_step import PlainStep
-from tether.methods.registry import METHODS
-from tether.methods.replicated import broadcast_parameters
+from tether.methods.replicated import REDUCER_SETTINGS, broadcast_parameters, run_reducer
 from tether.observe.metrics import PhaseTotals
 
 
-@METHODS.register("sync-easgd", help="synchronous EASGD: one all-reduce per round, overlapped")
 class SyncEASGD(TrainingMethod):
     """Default lr 0.4, tau 1: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in
     14.7-17.8 s (580 steps) against 14.3-18.4 s with tau 4 (638 steps) and 22.8-30.0 s at
@@ -37,17 +36,23 @@ class SyncEASGD(TrainingMethod):
 
     name = "sync-easgd"
     defaults = {"lr": 0.4}
+    settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "single_message"}
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    def __init__(
+        self,
+        model: nn.Module,
+        context: MethodContext,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        super().__init__(model, context, optimizer, scheduler)
         self.flat = flatten_parameters(model)
         # The center is a model of its own (evaluated and saved); its parameters view ``center``.
         self.center_model = copy.deepcopy(model)
         self.center = flatten_parameters(self.center_model)
         self.alpha = elastic_rate(self.config, self.transport.world_size)
-        self.local = PlainStep(self.flat, self.config.lr, self.config.weight_decay)
         self.rounds = 0
-        self.reducer = build_reducer(self.transport, self.config)
+        self.reducer = run_reducer(context)
         self._pending: list[PendingReduce] | None = None  # the in-flight all-reduce(s) of sum d_i
         self._sum = torch.zeros_like(self.flat)
 
@@ -56,19 +61,14 @@ class SyncEASGD(TrainingMethod):
         broadcast_parameters(self.center_model, self.transport)
         broadcast_parameters(self.model, self.transport)
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        loss = self.local.step(self.model, inputs, targets)
-        self.local_step += 1
-        times.compute_s += self.clock() - start
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = self.local_update(backward, times)
         if self.local_step % self.config.tau == 0:
             times.waited(*self._complete_round())
-            start = self.clock()
             self._sum = self.flat - self.center  # d_i, with the center every rank holds
             self.flat.sub_(self._sum, alpha=self.alpha)  # the worker moves now
             self._pending = self._all_reduce_async(self._sum)
             self.rounds += 1
-            times.compute_s += self.clock() - start
             if not self.config.overlap:
                 times.waited(*self._complete_round())
         return loss
@@ -110,11 +110,12 @@ class SyncEASGD(TrainingMethod):
 
     def state_dict(self) -> dict[str, Any]:
         self._complete_round()
-        return {"center": self.center.clone(), "rounds": self.rounds}
+        return {**super().state_dict(), "center": self.center.clone(), "rounds": self.rounds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Workers restart from the center: it is the model, and this also allows resuming with
-        # a different number of workers.
+        # a different number of workers. Their optimizer state is rank 0's (what was saved).
+        super().load_state_dict(state)
         self.center.copy_(state["center"])
         self.flat.copy_(state["center"])
         self.rounds = int(state["rounds"])

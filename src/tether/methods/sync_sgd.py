@@ -6,8 +6,9 @@ and the gradients are averaged with all-reduce before each worker applies the sa
 :class:`~tether.comm.fusion.GradientBucketer`: one flat buffer cut into buckets whose all-reduces
 start during backward (wait-free backprop), so only the tail of the communication is exposed.
 
-With per-worker batch b on N workers the update equals single-process SGD on the global batch N*b,
-because the mean of the per-worker mean losses is the mean over the global batch.
+With per-worker batch b on N workers the update equals single-process training on the global
+batch N*b when the loss is a mean over the batch, because the mean of the per-worker mean losses
+is the mean over the global batch. The update is the user's optimizer (momentum SGD by default).
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tether.comm.fusion import GradientBucketer
-from tether.methods.base import MethodContext, StepTimes
-from tether.methods.registry import METHODS
-from tether.methods.replicated import ReplicatedMethod, average_buffers
+from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
+from tether.methods.replicated import (
+    REDUCER_SETTINGS,
+    average_buffers,
+    broadcast_parameters,
+    run_reducer,
+)
 from tether.observe.metrics import PhaseTotals
 
 
-@METHODS.register("sync-sgd", help="synchronous SGD: bucketed all-reduce of gradients, overlapped")
-class SyncSGD(ReplicatedMethod):
+class SyncSGD(TrainingMethod):
     """Synchronous SGD with tensor fusion and communication overlapped with backward.
 
     Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
@@ -36,27 +39,47 @@ class SyncSGD(ReplicatedMethod):
 
     name = "sync-sgd"
     defaults = {"lr": 0.1}
+    local_step_name = "sgd"
+    settings = REDUCER_SETTINGS | {"bucket_mb", "momentum"}
 
-    def __init__(self, model: nn.Module, context: MethodContext) -> None:
-        super().__init__(model, context)
+    def __init__(
+        self,
+        model: nn.Module,
+        context: MethodContext,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        super().__init__(model, context, optimizer, scheduler)
+        self.reducer = run_reducer(context)
+        self.rounds = 0
         self.bucketer = GradientBucketer(
             list(model.parameters()), self.reducer, self.config.bucket_mb or None
         )
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, times: StepTimes) -> float:
-        start = self.clock()
-        self.bucketer.start_step()
-        loss = F.cross_entropy(self.model(inputs), targets)
-        loss.backward()
-        wait_start, wait_end = self.bucketer.finish()
+    def start(self, step: int = 0) -> None:
+        super().start(step)
+        broadcast_parameters(self.model, self.transport)
+
+    def zero_grad(self) -> None:
+        # One memset of the flat gradient buffer, the parameters' .grad staying views into it:
+        # cheaper than freeing and reallocating every gradient, and no copy into the buckets.
+        self.bucketer.zero_grad()
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        self.bucketer.enabled = enabled
+
+    def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
+        loss = self.local_update(backward, times, wait=self.bucketer.finish)
         self.rounds += 1
-        self.optimizer.step()
-        times.waited(wait_start, wait_end)
-        times.compute_s += self.clock() - start - (wait_end - wait_start)
-        return float(loss.detach())
+        return loss
+
+    def scale_gradients(self) -> None:
+        if self.grad_scale != 1.0:
+            self.bucketer.flat.mul_(self.grad_scale)  # every gradient is a view of it
 
     def finish(self, totals: PhaseTotals | None) -> None:
-        super().finish(totals)
+        del totals
+        self.reducer.close()
         # The gradient hooks hold the bucketer, and through it the transport and the group's
         # backend, in a cycle through autograd that the garbage collector cannot break; left in
         # place they keep the backend alive into the interpreter's exit (tether.launch.teardown).
@@ -68,9 +91,3 @@ class SyncSGD(ReplicatedMethod):
     def eval_model(self) -> nn.Module:
         average_buffers(self.model, self.transport)
         return self.model
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])

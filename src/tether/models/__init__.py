@@ -7,8 +7,6 @@ same initial parameters.
 
 from __future__ import annotations
 
-# Importing the model modules registers them; the import order is the order `names()` lists.
-from tether.models import cnn, lenet, mlp, resnet  # noqa: F401
 from tether.models.base import MODELS, ModelBuilder, build_model, count_parameters
 
 __all__ = ["MODELS", "ModelBuilder", "build_model", "count_parameters"]

@@ -17,12 +17,20 @@ from collections.abc import Callable
 from torch import nn
 
 from tether.errors import TetherError
+from tether.models.cnn import build_cnn
+from tether.models.lenet import build_lenet5
+from tether.models.mlp import build_mlp
+from tether.models.resnet import build_resnet8
 from tether.registry import Registry
 
 ModelBuilder = Callable[[tuple[int, int, int], int], nn.Module]
 """``(in_shape, num_classes) -> nn.Module`` with ``in_shape = (C, H, W)``."""
 
 MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS.register("mlp")(build_mlp)
+MODELS.register("lenet5")(build_lenet5)
+MODELS.register("cnn")(build_cnn)
+MODELS.register("resnet8")(build_resnet8)
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

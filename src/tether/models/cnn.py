@@ -13,8 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tether.models.base import MODELS
-
 # The feature map is brought to 4x4 before the classifier whatever the input size, so the
 # parameter count (and therefore the communication volume) barely depends on the data set.
 _POOLED = 4
@@ -77,7 +75,6 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-@MODELS.register("cnn")
 def build_cnn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Small VGG-style CNN, ~4.8M params, no batch norm (communication-heavy benchmarks)."""
     return SmallCNN(in_shape[0], num_classes)

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from tether.errors import TetherError
-from tether.models.base import MODELS
 
 _KERNEL = 5
 # Input side lengths of conv1 and conv2 in LeCun's network; smaller inputs get "same" padding.
@@ -79,7 +78,6 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x))
 
 
-@MODELS.register("lenet5")
 def build_lenet5(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """LeNet-5 (LeCun et al. 1998) with ReLU and max-pooling, ~61.7k params on 28x28."""
     return LeNet5(in_shape, num_classes)

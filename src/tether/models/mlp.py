@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tether.models.base import MODELS
-
 
 class MLP(nn.Module):
     """Flatten -> 256 -> 128 -> ``num_classes`` with ReLU.
@@ -33,7 +31,6 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
-@MODELS.register("mlp")
 def build_mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """MLP: flatten -> 256 -> 128 -> classes, ReLU."""
     c, h, w = in_shape

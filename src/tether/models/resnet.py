@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tether.models.base import MODELS
-
 
 def _conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
     # No bias: the batch norm that follows has its own shift.
@@ -81,7 +79,6 @@ class ResNet(nn.Module):
         return self.fc(out)
 
 
-@MODELS.register("resnet8")
 def build_resnet8(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """ResNet-8 (He et al. 2016, CIFAR variant), 16/32/64 channels, batch norm, ~75k params."""
     return ResNet(in_shape[0], num_classes, blocks_per_stage=1)

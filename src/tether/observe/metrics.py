@@ -14,8 +14,6 @@ from typing import IO, Any
 
 import torch
 
-from tether.comm.transport import TorchTransport
-
 
 @dataclass
 class PhaseTotals:
@@ -59,11 +57,6 @@ class PhaseTotals:
     @property
     def comm_fraction(self) -> float:
         return self.comm_s / self.step_s if self.step_s > 0 else 0.0
-
-    def all_reduced(self, transport: TorchTransport) -> PhaseTotals:
-        tensor = self.as_tensor()
-        transport.all_reduce(tensor)
-        return PhaseTotals.from_tensor(tensor)
 
 
 class MetricsLog:

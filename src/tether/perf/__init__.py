@@ -1,1 +1,3 @@
-"""Performance modelling: the calibrated alpha-beta-gamma model of collectives."""
+"""Pure performance modelling: hardware profiles, cost models and simulation, which predict
+without running anything. Measuring on a live group (the collectives' calibration) is part of the
+communication layer: :mod:`tether.comm.calibration`."""

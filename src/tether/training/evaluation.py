@@ -1,53 +1,100 @@
-"""Test-set evaluation, sharded over the ranks that hold identical replicas."""
+"""Evaluation with the user's loss and metrics, sharded over the ranks that hold identical
+replicas.
+
+Every metric is a mean over a batch; each batch's value is weighted by its sample count and the
+sums (float64, so shards add exactly) are all-reduced once, so every rank gets the same numbers
+and they equal a one-process evaluation of the whole set. Without metrics given, a run reports
+the mean loss and, when the model's outputs are class scores ``(N, C)`` and the targets class
+indices ``(N,)``, the accuracy.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tether.comm.transport import TorchTransport
-from tether.data import shard_range
+from tether.metrics import accuracy, is_classification
+from tether.training.batches import batch_size_of
+from tether.training.objective import Objective, takes_model_and_batch
+
+Metrics = Mapping[str, Callable[..., float]]
 
 
-@dataclass(frozen=True)
-class EvalResult:
-    accuracy: float
-    loss: float
+class Evaluator:
+    """Scores a model on batches with the loss and metrics; ``all_reduce`` (sums in place) joins
+    the ranks' shares, or is None when one process scores the whole set (a server)."""
 
+    def __init__(
+        self,
+        objective: Objective,
+        metrics: Metrics | None,
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        self.objective = objective
+        self.given = dict(metrics) if metrics is not None else None
+        self.all_reduce = all_reduce
+        self.names: list[str] | None = None  # fixed at the first batch, the same on every rank
+        self._chosen: dict[str, Callable[..., float]] = {}
 
-@torch.no_grad()
-def _sums(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device, batch: int) -> torch.Tensor:
-    """(correct, summed loss, count) over ``x``; computed in float64 so shards add exactly."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
-    for start in range(0, len(x), batch):
-        xb, yb = x[start : start + batch].to(device), y[start : start + batch].to(device)
-        logits = model(xb)
-        totals[0] += (logits.argmax(1) == yb).sum().item()
-        totals[1] += F.cross_entropy(logits, yb, reduction="sum").item()
-        totals[2] += len(yb)
-    model.train(was_training)
-    return totals
+    def _metrics(self, outputs: Any, targets: Any) -> dict[str, Callable[..., float]]:
+        if self.given is not None:
+            return self.given
+        if (
+            isinstance(outputs, torch.Tensor)
+            and isinstance(targets, torch.Tensor)
+            and is_classification(outputs, targets)
+        ):
+            return {"accuracy": accuracy}
+        return {}
 
+    @torch.no_grad()
+    def fix_metrics(self, model: nn.Module, batch: Any) -> list[str]:
+        """Choose the metrics from one batch (every rank passes the same one, so every rank
+        reduces the same sums even when its own share of the evaluation set is empty)."""
+        was_training = model.training
+        model.eval()
+        try:
+            result = self.objective(model, batch)
+        finally:
+            model.train(was_training)
+        self._chosen = self._metrics(result.outputs, result.targets)
+        self.names = ["loss", *self._chosen]
+        return self.names
 
-def evaluate_sharded(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    transport: TorchTransport | None,
-    device: torch.device,
-    batch: int = 1000,
-) -> EvalResult:
-    """Each rank scores its contiguous shard; one all-reduce gives every rank the same result.
-    Without a transport, this process scores the whole test set alone (a server)."""
-    rank, world = (transport.rank, transport.world_size) if transport else (0, 1)
-    lo, hi = shard_range(len(x), rank, world)
-    totals = _sums(model, x[lo:hi], y[lo:hi], device, batch)
-    if transport is not None:
-        transport.all_reduce(totals)
-    correct, loss, count = totals.tolist()
-    return EvalResult(correct / count, loss / count)
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
+        """``{"loss": mean loss, name: mean metric, ...}`` over ``batches``."""
+        was_training = model.training
+        model.eval()
+        sums: torch.Tensor | None = None
+        if self.names is not None:
+            sums = torch.zeros(len(self.names) + 1, dtype=torch.float64)
+        try:
+            for batch in batches:
+                result = self.objective(model, batch)
+                if self.names is None:
+                    self._chosen = self._metrics(result.outputs, result.targets)
+                    self.names = ["loss", *self._chosen]
+                if sums is None:
+                    sums = torch.zeros(len(self.names) + 1, dtype=torch.float64)
+                n = batch_size_of(batch) or 1
+                values = [float(result.loss)]
+                for fn in self._chosen.values():
+                    if takes_model_and_batch(fn):
+                        values.append(float(fn(model, batch)))
+                    else:
+                        values.append(float(fn(result.outputs, result.targets)))
+                sums[:-1] += torch.tensor(values, dtype=torch.float64) * n
+                sums[-1] += n
+        finally:
+            model.train(was_training)
+        if sums is None or self.names is None:  # nothing to evaluate and nothing chosen
+            self.names, self._chosen = ["loss"], {}
+            sums = torch.zeros(2, dtype=torch.float64)
+        if self.all_reduce is not None:
+            self.all_reduce(sums)
+        count = float(sums[-1]) or 1.0
+        return {name: float(v) / count for name, v in zip(self.names, sums[:-1], strict=True)}

@@ -1,9 +1,14 @@
-"""The trainer: everything around a method's step (DESIGN.md "method protocol").
+"""The trainer: everything around a method's step, built from objects.
 
-It owns data and sharding, the step loop, evaluation, the metrics log, the progress bar,
-checkpoints, fault injection for reliability tests, and the run directory (summary.json,
-metrics.jsonl, model.pt, config.toml, and with ``--timeline`` timeline.json). Rank 0 writes;
-every rank computes.
+Given a config, a :class:`~tether.training.task.Task` (model, data, loss, optimizer and schedule
+factories, metrics) and the worker's runtime (transport, device, placement), it owns sharding, the
+step loop, evaluation, logging, checkpoints, fault injection for reliability tests, and the run
+directory (summary.json, metrics.jsonl, model.pt, config.toml, optionally timeline.json and
+TensorBoard events). Rank 0 writes; every rank computes.
+
+The step loop is the one a user writes for one process (``zero_grad``, forward, ``backward``,
+``step``) on the method's :class:`~tether.training.method_optimizer.MethodOptimizer`, the same
+object ``tether.init``'s ``wrap`` hands a user's own loop.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +27,14 @@ from torch import nn
 
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
-from tether.data import GlobalBatchSampler, load_dataset
-from tether.launch.worker import WorkerPlacement
-from tether.methods import METHODS, MethodContext, Role, StepTimes
-from tether.models import build_model
+from tether.data.sharding import GlobalBatchSampler
+from tether.errors import TetherError
+from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
 from tether.observe.step_trace import StepTracer
+from tether.observe.tensorboard import open_tensorboard
 from tether.observe.timeline import (
     clear_rank_file,
     get_timeline,
@@ -36,8 +43,12 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
+from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
-from tether.training.evaluation import EvalResult, evaluate_sharded
+from tether.training.evaluation import Evaluator
+from tether.training.method_optimizer import MethodOptimizer
+from tether.training.objective import Objective
+from tether.training.task import Task
 
 
 def default_eval_every(steps_per_epoch: int) -> int:
@@ -45,12 +56,44 @@ def default_eval_every(steps_per_epoch: int) -> int:
     return max(1, steps_per_epoch // 4)
 
 
+@dataclass(frozen=True)
+class WorkerRuntime:
+    """Where this worker runs: its transport (the process group), device and placement."""
+
+    transport: TorchTransport
+    device: torch.device
+    placement: Placement = field(default_factory=Placement)
+
+
+def build_scheduler(
+    factory: Any, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The task's schedule over ``optimizer``: a factory with a ``total_steps`` parameter gets
+    the run's length as well."""
+    if factory is None:
+        return None
+    import inspect
+
+    try:
+        wants_total = "total_steps" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        wants_total = False
+    scheduler = factory(optimizer, total_steps=total_steps) if wants_total else factory(optimizer)
+    if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise TetherError(
+            f"the scheduler factory returned a {type(scheduler).__name__}, not a "
+            "torch.optim.lr_scheduler.LRScheduler"
+        )
+    return scheduler
+
+
 class Trainer:
-    def __init__(self, config: TrainConfig, placement: WorkerPlacement) -> None:
+    def __init__(self, config: TrainConfig, task: Task, runtime: WorkerRuntime) -> None:
         assert config.out is not None, "the launcher resolves the run directory"
         self.config = config
-        self.device = placement.device
-        self.transport = TorchTransport()
+        self.task = task
+        self.device = runtime.device
+        self.transport = runtime.transport
         self.is_writer = self.transport.rank == 0
         self.run_dir = Path(config.out)
         self.timeline = get_timeline()
@@ -61,21 +104,56 @@ class Trainer:
         self.step_tracer = StepTracer(self.timeline)
         self.timeline_saved = False
 
-        data_dir = Path(config.data_dir) if config.data_dir else None
-        self.data = load_dataset(config.dataset, data_dir, config.seed)
+        method_cls = METHODS.get(config.method)
+        self.workers = self.transport.world_size - method_cls.server_processes
+        self.sampler = GlobalBatchSampler(
+            len(task.train_data),  # type: ignore[arg-type]
+            config.batch_size * self.workers,
+            config.seed,
+        )
+        self.steps_per_epoch = self.sampler.steps_per_epoch // config.accumulate
+        if self.steps_per_epoch < 1:
+            raise TetherError(
+                f"one optimizer step takes {config.accumulate} batches of "
+                f"{config.batch_size} x {self.workers} samples, more than the "
+                f"{self.sampler.num_samples} training samples: lower accumulate or batch_size"
+            )
+        spe = self.steps_per_epoch
+        self.total_steps = config.steps if config.steps is not None else config.epochs * spe
+
         # Same seed on every rank: replicas start identical (methods broadcast rank 0's anyway).
         torch.manual_seed(config.seed)
-        model = build_model(config.model, self.data.sample_shape, self.data.num_classes)
-        model = model.to(self.device)
-        context = MethodContext(config, self.transport, self.device)
-        self.method = METHODS.get(config.method)(model, context)
-
-        self.workers = self.method.computing_workers()
-        self.sampler = GlobalBatchSampler(
-            len(self.data.train_y), config.batch_size * self.workers, config.seed
+        model = task.build_model().to(self.device)
+        optimizer = (
+            task.optimizer(model.parameters())
+            if task.optimizer is not None
+            else method_cls.build_default_optimizer(model.parameters(), config)
         )
-        spe = self.sampler.steps_per_epoch
-        self.total_steps = config.steps if config.steps is not None else config.epochs * spe
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TetherError(
+                f"the optimizer factory returned a {type(optimizer).__name__}, not a "
+                "torch.optim.Optimizer"
+            )
+        scheduler = build_scheduler(task.scheduler, optimizer, self.total_steps)
+        context = MethodContext(config, self.transport, self.device, runtime.placement)
+        self.method: TrainingMethod = method_cls(model, context, optimizer, scheduler)
+        self.optimizer = MethodOptimizer(self.method, config.accumulate)
+        self.objective = Objective(task.loss)
+        # Methods with a server evaluate there; replicated methods evaluate sharded, together.
+        self.has_server = self.method.server_processes > 0
+        self.evaluator = Evaluator(
+            self.objective, task.metrics, None if self.has_server else self.transport.all_reduce
+        )
+        self.target = config.target_spec
+        self.batches = TrainBatches(
+            task.train_data,
+            self.sampler,
+            self.method.worker_index(),
+            self.workers,
+            self.device,
+            task.collate_fn,
+            task.loader_options,
+        )
         self.eval_every = config.eval_every or default_eval_every(spe)
         self.history: list[dict[str, Any]] = []
         self.totals = PhaseTotals()
@@ -83,11 +161,23 @@ class Trainer:
         self.elapsed_before = 0.0  # wall seconds spent before a resume
         self.time_to_target: float | None = None
         self.eval_s = 0.0  # evaluation time, excluded from the history's training time
-        # Methods with a server evaluate there; replicated methods evaluate sharded, together.
-        self.has_server = self.method.server_processes > 0
+        self.tensorboard = None
         if config.resume:
             self._restore(load_checkpoint(self.run_dir))
+        self._fix_metrics()
         self.method.start(self.start_step)
+
+    def _fix_metrics(self) -> None:
+        """Choose the evaluation metrics from the first evaluation sample, the same on every
+        rank that evaluates."""
+        if self.task.eval_data is None or len(self.task.eval_data) == 0:  # type: ignore[arg-type]
+            return
+        if self.has_server and self.method.role() is not Role.SERVER:
+            return
+        first = next(
+            eval_batches(self.task.eval_data, 0, 1, 1, self.device, self.task.collate_fn, None)
+        )
+        self.evaluator.fix_metrics(self.method.model, first)
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -96,6 +186,8 @@ class Trainer:
             if self.config.resume:
                 # Steps after the checkpoint were lost with the crash; they will be run again.
                 truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
+            if self.config.tensorboard:
+                self.tensorboard = open_tensorboard(self.run_dir / "tensorboard", self.start_step)
         self.metrics = MetricsLog(
             self.run_dir / "metrics.jsonl" if self.is_writer else None, append=self.config.resume
         )
@@ -115,7 +207,7 @@ class Trainer:
                         self._evaluate(last)
                     if not self.is_writer:
                         self._save_timeline()
-                    totals = self.totals.all_reduced(self.transport)
+                    totals = self._all_reduced(self.totals)
                     eval_model = self.method.eval_model()  # collective: every rank calls it
                     if self.is_writer:
                         self._write_results(last, totals, eval_model, self.method.summary_extra())
@@ -125,11 +217,18 @@ class Trainer:
             self._save_timeline(merge=self.is_writer)
         finally:
             self.metrics.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
             # After a failure: a partial trace, which the launcher merges. Failing to write it
             # must not replace the error that ended the run.
             with contextlib.suppress(OSError):
                 self._save_timeline()
             uninstall_timeline()
+
+    def _all_reduced(self, totals: PhaseTotals) -> PhaseTotals:
+        tensor = totals.as_tensor()
+        self.transport.all_reduce(tensor)
+        return PhaseTotals.from_tensor(tensor)
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
@@ -145,8 +244,12 @@ class Trainer:
         finally:
             self.bar.close()
         last = max(result.global_step, self.start_step)
-        if not self.history or self.history[-1]["step"] != last:
-            self._evaluate(last)
+        # The center (or the weights) may have moved since the last evaluation at this step:
+        # exchanges that arrive between two global steps move it without advancing the count.
+        # The final entry is the model that is saved.
+        if self.history and self.history[-1]["step"] == last:
+            self.history.pop()
+        self._evaluate(last)
         extra = {
             **result.extra,
             "lost_workers": [
@@ -161,7 +264,7 @@ class Trainer:
         self.shown_step = max(self.shown_step, global_step)
         if global_step >= self.next_eval:
             result = self._evaluate(global_step)
-            self.bar.set_postfix(acc=f"{result.accuracy:.3f}", refresh=False)
+            self.bar.set_postfix(**self._postfix(result), refresh=False)
             # Workers that never wait for the server (Hogwild) can pass several evaluation
             # points during one evaluation: evaluate once, at the newest step.
             self.next_eval = (global_step // self.eval_every + 1) * self.eval_every
@@ -171,26 +274,50 @@ class Trainer:
             self.next_checkpoint = (global_step // every + 1) * every
         return self.config.stop_at_target and self.time_to_target is not None
 
+    def _postfix(self, result: dict[str, float]) -> dict[str, str]:
+        """The progress bar's evaluation figure: the target's metric, else accuracy, else loss."""
+        for name in (self.target.metric if self.target else None, "accuracy", "loss"):
+            if name is not None and name in result:
+                return {"acc" if name == "accuracy" else f"test_{name}": f"{result[name]:.3f}"}
+        return {}
+
+    def _backward(self, batch: Any) -> torch.Tensor:
+        """Forward and backward on one batch (the closure the method's step runs)."""
+        result = self.objective(self.method.model, batch)
+        result.loss.backward()
+        return result.loss.detach()
+
     def _step_loop(self) -> int:
         config = self.config
         bar = progress_bar(
             self.total_steps, config.progress and self.is_writer, initial=self.start_step
         )
+        k = config.accumulate
         step = self.start_step
-        widx = self.method.worker_index()
+        batches = self.batches.iterate(step * k, self.total_steps * k)
         tracing = self.timeline.enabled
         try:
             while step < self.total_steps:
                 begin = time.perf_counter()
-                idx = self.sampler.worker_indices(step, widx, self.workers)
-                inputs = self.data.train_x[idx].to(self.device, non_blocking=True)
-                targets = self.data.train_y[idx].to(self.device, non_blocking=True)
+                batch = next(batches)
                 data_s = time.perf_counter() - begin
                 self._maybe_inject_fault(step)
-
-                times = StepTimes()
-                called = self.step_tracer.before_step() if tracing else 0.0
-                loss = self.method.train_step(inputs, targets, times)
+                called = self.step_tracer.before_step() if tracing else time.perf_counter()
+                losses, samples, later_data_s = [], 0, 0.0
+                for micro in range(k):
+                    if micro:  # the next batch of the accumulation, counted as data time
+                        fetch = time.perf_counter()
+                        batch = next(batches)
+                        later_data_s += time.perf_counter() - fetch
+                    samples += batch_size_of(batch)
+                    self.optimizer.zero_grad()
+                    loss = self.optimizer.step(partial(self._backward, batch))
+                    losses.append(loss)
+                times = self.optimizer.last_times
+                # The step's time that was neither waiting for communication nor loading data.
+                elapsed = self.method.clock() - called
+                times.compute_s = max(0.0, elapsed - times.comm_s - later_data_s)
+                data_s += later_data_s
                 step += 1
                 if tracing:
                     self.step_tracer.step(
@@ -202,21 +329,24 @@ class Trainer:
                         times.comm_s,
                         times.comm_spans,
                     )
-                self.totals.add(data_s, times.compute_s, times.comm_s, len(idx))
+                self.totals.add(data_s, times.compute_s, times.comm_s, samples)
+                loss_value = sum(float(v) for v in losses if v is not None) / max(len(losses), 1)
                 step_s = data_s + times.compute_s + times.comm_s
                 self.metrics.write(
                     {
                         "step": step,
-                        "loss": loss,
+                        "loss": loss_value,
                         "data_s": data_s,
                         "compute_s": times.compute_s,
                         "comm_s": times.comm_s,
                     }
                 )
+                if self.tensorboard is not None:
+                    self.tensorboard.add_scalar("train/loss", loss_value, step)
                 bar.update(1)
                 bar.set_postfix(
-                    loss=f"{loss:.3f}",
-                    samples_s=f"{len(idx) * self.workers / max(step_s, 1e-9):.0f}",
+                    loss=f"{loss_value:.3f}",
+                    samples_s=f"{samples * self.workers / max(step_s, 1e-9):.0f}",
                     refresh=False,
                 )
                 if self.method.stop_requested:
@@ -225,7 +355,7 @@ class Trainer:
                     continue  # the server evaluates and checkpoints
                 if step % self.eval_every == 0 or step == self.total_steps:
                     result = self._evaluate(step)
-                    bar.set_postfix(loss=f"{loss:.3f}", acc=f"{result.accuracy:.3f}")
+                    bar.set_postfix(loss=f"{loss_value:.3f}", **self._postfix(result))
                     if config.stop_at_target and self.time_to_target is not None:
                         break
                 if config.checkpoint_every and step % config.checkpoint_every == 0:
@@ -247,20 +377,28 @@ class Trainer:
         if merge:
             merge_timeline(self.run_dir)
 
-    def _evaluate(self, step: int) -> EvalResult:
+    def _evaluate(self, step: int) -> dict[str, float]:
         with self.timeline.span("evaluate", "eval", step=step):
             return self._evaluate_now(step)
 
-    def _evaluate_now(self, step: int) -> EvalResult:
+    def _evaluate_now(self, step: int) -> dict[str, float]:
         begin = time.perf_counter()
         model = self.method.eval_model()
-        result = evaluate_sharded(
-            model,
-            self.data.test_x,
-            self.data.test_y,
-            None if self.has_server else self.transport,
-            self.device,
-        )
+        result: dict[str, float] = {}
+        if self.task.eval_data is not None:
+            rank, world = (0, 1) if self.has_server else self._rank_world()
+            result = self.evaluator.evaluate(
+                model,
+                eval_batches(
+                    self.task.eval_data,
+                    rank,
+                    world,
+                    self.config.eval_batch_size,
+                    self.device,
+                    self.task.collate_fn,
+                    None,
+                ),
+            )
         if self.method.evaluation_pauses_workers:
             self.eval_s += time.perf_counter() - begin
         entry = {
@@ -269,17 +407,27 @@ class Trainer:
             # do not pause, so there nothing is subtracted).
             "time_s": self._elapsed() - self.eval_s,
             "step": step,
-            "epoch": step / self.sampler.steps_per_epoch,
-            "test_accuracy": result.accuracy,
-            "test_loss": result.loss,
+            "epoch": step / self.steps_per_epoch,
+            **{f"test_{name}": value for name, value in result.items()},
         }
         self.history.append(entry)
         self.metrics.write({"event": "eval", **entry})
         self.metrics.flush()
-        target = self.config.target_accuracy
-        if target is not None and self.time_to_target is None and result.accuracy >= target:
+        if self.tensorboard is not None:
+            for name, value in result.items():
+                self.tensorboard.add_scalar(f"test/{name}", value, step)
+        target = self.target
+        if (
+            target is not None
+            and self.time_to_target is None
+            and target.metric in result
+            and target.reached(result[target.metric])
+        ):
             self.time_to_target = entry["time_s"]
         return result
+
+    def _rank_world(self) -> tuple[int, int]:
+        return self.transport.rank, self.transport.world_size
 
     def _maybe_inject_fault(self, step: int) -> None:
         """Reliability tests: make one rank fail the way a real worker can fail."""
@@ -326,22 +474,34 @@ class Trainer:
         self, last_step: int, totals: PhaseTotals, eval_model: nn.Module, extra: dict[str, Any]
     ) -> None:
         wall = self._elapsed()
-        final = self.history[-1]
+        final = self.history[-1] if self.history else {}
+        final_metrics = {
+            key.removeprefix("test_"): value
+            for key, value in final.items()
+            if key.startswith("test_")
+        }
         config = self.config
         summary = {
             "method": config.method,
             "workers": self.workers,
-            "model": config.model,
-            "dataset": config.dataset,
+            "model": self.task.model_name,
+            "dataset": self.task.data_name,
             "seed": config.seed,
-            "epochs": last_step / self.sampler.steps_per_epoch,  # completed, fractional
+            "epochs": last_step / self.steps_per_epoch,  # completed, fractional
             "steps": last_step,
             "batch_size": config.batch_size,
-            "global_batch_size": config.batch_size * self.workers,
+            "accumulate": config.accumulate,
+            "global_batch_size": config.batch_size * self.workers * config.accumulate,
             "lr": config.lr,
-            "final_test_accuracy": final["test_accuracy"],
-            "final_test_loss": final["test_loss"],
+            "optimizer": type(self.method.optimizer).__name__,
+            "lr_schedule": (
+                type(self.method.scheduler).__name__ if self.method.scheduler else None
+            ),
+            "final_test_accuracy": final_metrics.get("accuracy"),
+            "final_test_loss": final_metrics.get("loss"),
+            "final_metrics": final_metrics,
             "wall_time_s": wall,
+            "target": str(self.target) if self.target else None,
             "target_accuracy": config.target_accuracy,
             "time_to_target_s": self.time_to_target,
             "comm_fraction": totals.comm_fraction,

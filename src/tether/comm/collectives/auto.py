@@ -2,15 +2,20 @@
 
 The choice MPICH and NCCL make with fixed thresholds (Thakur, Rabenseifner and Gropp 2005:
 recursive doubling for short messages, Rabenseifner's or the ring for long ones), made here from
-a calibration of the running transport (:mod:`tether.perf.calibration`): every candidate,
+a calibration of the running transport (:mod:`tether.comm.calibration`): every candidate,
 ``native`` included, timed at a few sizes (the alpha-beta-gamma model where nothing was timed),
 and ``native`` kept unless another is clearly faster. Every rank holds rank 0's calibration, so
 every rank picks the same algorithm for the same size.
+
+The calibration is given, never fetched: measuring one is a collective of tens of seconds that
+needs to know where caches live and how ranks are placed, which is the caller's business, and
+the calibration itself runs these collectives. The instance registered under "auto" has none,
+and says so when it is run; callers that resolve "auto" by name build a calibrated one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -19,31 +24,47 @@ from tether.comm.collectives.schedule import Schedule
 from tether.comm.transport import Transport
 from tether.errors import TetherError
 
-if TYPE_CHECKING:
-    from tether.perf.calibration import Calibration
+UNCALIBRATED = (
+    "collective 'auto' needs a calibration of the running group: build it as "
+    "Auto(load_or_calibrate(transport, cache_dir, ranks_per_node)) "
+    "(tether.comm.calibration.cache), or use AllReducer(transport, 'auto', ...), which does"
+)
+
+
+class Choices(Protocol):
+    """What ``auto`` needs of a calibration
+    (:class:`tether.comm.calibration.model.Calibration`)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def choose(self, kind: str, n_bytes: float) -> str: ...
+
+    def instantiate(self, algorithm: str) -> Collective: ...
 
 
 class Auto(Collective):
-    """Per message size, the algorithm the calibration of the running group found fastest.
-
-    The calibration is measured and cached on first use when none is given."""
+    """Per message size, the algorithm the calibration of the running group found fastest."""
 
     name = "auto"
     kinds = ("all_reduce", "broadcast", "all_gather")
 
-    def __init__(self, calibration: Calibration | None = None) -> None:
+    def __init__(self, calibration: Choices | None = None) -> None:
         self.calibration = calibration
         self._choices: dict[tuple[str, int], Collective] = {}
 
-    def calibrated(self, transport: Transport) -> Calibration:
-        """The calibration for ``transport``'s group; collective the first time (every rank
-        reaches its first ``auto`` call at the same point of the program)."""
-        if self.calibration is None or self.calibration.world_size != transport.world_size:
-            from tether.perf.calibration import load_or_calibrate
-
-            self.calibration = load_or_calibrate(transport)
-            self._choices.clear()
-        return self.calibration
+    def calibrated(self, transport: Transport) -> Choices:
+        """The calibration, checked against ``transport``'s group: a one-line error where there
+        is none, or it was measured on a group of another size."""
+        calibration = self.calibration
+        if calibration is None:
+            raise TetherError(UNCALIBRATED)
+        if calibration.world_size != transport.world_size:
+            raise TetherError(
+                f"collective 'auto' was calibrated on {calibration.world_size} ranks and runs on "
+                f"a group of {transport.world_size}: calibrate it on the group it runs on"
+            )
+        return calibration
 
     def choose(self, kind: str, n_bytes: int, transport: Transport) -> Collective:
         calibration = self.calibrated(transport)

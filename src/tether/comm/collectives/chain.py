@@ -21,7 +21,7 @@ from tether.comm.collectives.schedule import Schedule, Step
 from tether.comm.transport import Transport
 
 # Of the order of gloo over loopback TCP; `auto` and `tether bench comm` use the measured values
-# (tether.perf.calibration.Calibration.instantiate).
+# (tether.comm.calibration.model.Calibration.instantiate).
 DEFAULT_ALPHA = 50e-6  # seconds per message
 DEFAULT_BETA = 1e-9  # seconds per byte
 MAX_CHUNKS = 1024

@@ -22,8 +22,11 @@ Broadcast: a binomial tree among one rank per node (the root, and the ranks with
 local index elsewhere), then a binomial tree inside every node from that rank, so the message
 crosses the slow links ``N - 1`` times in ``ceil(log2 N)`` rounds.
 
-Node membership comes from the launcher's local world size (LOCAL_WORLD_SIZE) unless
-``ranks_per_node`` is given, which also lets one machine emulate nodes.
+Node membership is ``ranks_per_node``, given by whoever knows the layout: the caller that
+launched the ranks (the launcher's local world size, :func:`launch_node_size`) or the user
+(``--ranks-per-node``, which also lets one machine emulate nodes). The collectives read no
+environment; without a node size the whole group is one node (the intra-node ring), which is
+correct anywhere, only not tuned to a multi-node layout.
 """
 
 from __future__ import annotations
@@ -80,6 +83,17 @@ def check_nodes(world_size: int, ranks_per_node: int) -> int:
     return world_size // ranks_per_node
 
 
+def launch_node_size(world_size: int, local_world_size: int | None) -> int:
+    """The ranks per node of a group of ``world_size`` ranks started ``local_world_size`` to a
+    node (what a launcher reports as LOCAL_WORLD_SIZE; None where none says). Where that is
+    unknown or does not split the group into whole nodes (a subgroup), the whole group is one
+    node rather than a guessed split."""
+    local = local_world_size
+    if local is None or not 1 <= local <= world_size or world_size % local:
+        return world_size
+    return local
+
+
 @lru_cache(maxsize=64)
 def hierarchical_all_reduce(world_size: int, ranks_per_node: int) -> Schedule:
     g, n_nodes = ranks_per_node, check_nodes(world_size, ranks_per_node)
@@ -127,20 +141,11 @@ class Hierarchical(Collective):
 
     name = "hierarchical"
     kinds = ("all_reduce", "broadcast")
-    ranks_per_node: int | None = None  # None: the launcher's local world size
+    ranks_per_node: int | None = None  # None: the whole group is one node
 
     def nodes_of(self, world_size: int) -> int:
         """G, the ranks per node this collective uses for a group of ``world_size``."""
-        if self.ranks_per_node is not None:
-            return self.ranks_per_node
-        from tether.launch.env import launcher_local_world_size
-
-        local = launcher_local_world_size()
-        # No launcher, or a group the node size does not divide (a subgroup): treat the group
-        # as one node rather than guess a split.
-        if local is None or not 1 <= local <= world_size or world_size % local:
-            return world_size
-        return local
+        return world_size if self.ranks_per_node is None else self.ranks_per_node
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
         g = self.nodes_of(world_size)

@@ -4,9 +4,10 @@ Walking a schedule's steps on every call (which steps touch this rank, chunk bou
 whether a send overlaps a reduction) is Python work on the critical path of every round: compiled
 once, the runner's own time per call halved (cProfile, ring all-reduce of 1 MiB on 2 ranks of a
 2-core VM: 163 -> 87 us). The walk depends only on the schedule, the rank, the element count, the
-element size and the piece size, so it is done once per such key and cached on the schedule; a
-call then only slices its tensor (once per tensor where :mod:`tether.comm.collectives.views`
-can keep the slices).
+element size and the piece size, so it is done once per such key and cached per schedule (here,
+so that schedules stay plain data that know nothing of how they are run); a call then only
+slices its tensor (once per tensor where :mod:`tether.comm.collectives.views` can keep the
+slices).
 
 Ranges are ``(start, stop)`` element offsets into the flat vector; a reduction also names its
 offset in the round's scratch buffer, where the incoming piece lands before it is combined.
@@ -14,11 +15,13 @@ offset in the round's scratch buffer, where the incoming piece lands before it i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from tether.comm.collectives.schedule import Schedule, chunk_bounds
 
 Range = tuple[int, int]
+PlanKey = tuple[int, int, int, int]  # rank, elements, element size, piece size
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,31 @@ def piece_ranges(start: int, stop: int, itemsize: int, piece_bytes: int) -> list
 def compile_plan(
     schedule: Schedule, rank: int, n: int, itemsize: int, piece_bytes: int
 ) -> tuple[RoundPlan, ...]:
-    """This rank's rounds of ``schedule`` on ``n`` elements (cached on the schedule)."""
+    """This rank's rounds of ``schedule`` on ``n`` elements (cached per schedule)."""
     key = (rank, n, itemsize, piece_bytes)
-    cache = schedule.plans
+    cache = _plans_of(schedule)
     plan = cache.get(key)
     if plan is None:
         if len(cache) >= 64:  # one entry per message size in use; bound it anyway
             cache.clear()
         plan = cache[key] = _compile(schedule, rank, n, itemsize, piece_bytes)
     return plan
+
+
+# Compiled plans per schedule, keyed by the schedule's identity: a schedule's own hash walks
+# every one of its steps, too slow for a lookup on every call. The builders cache their
+# schedules, so the same object comes back call after call; an entry is dropped with its
+# schedule (a finalizer, which runs before the id can be reused).
+_PLANS: dict[int, dict[PlanKey, tuple[RoundPlan, ...]]] = {}
+
+
+def _plans_of(schedule: Schedule) -> dict[PlanKey, tuple[RoundPlan, ...]]:
+    """The compiled plans of ``schedule`` (an empty cache the first time)."""
+    plans = _PLANS.get(id(schedule))
+    if plans is None:
+        plans = _PLANS[id(schedule)] = {}
+        weakref.finalize(schedule, _PLANS.pop, id(schedule), None)
+    return plans
 
 
 def _compile(

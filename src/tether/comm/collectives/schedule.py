@@ -20,14 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from tether.comm.chunks import chunk_bounds
-
-if TYPE_CHECKING:  # plan.py imports this module
-    from tether.comm.collectives.plan import RoundPlan
 
 StepOp = Literal["copy", "reduce"]
 
@@ -79,12 +76,6 @@ class Schedule:
         for step in self.steps:
             rounds[step.round].append(step)
         return tuple(tuple(r) for r in rounds)
-
-    @cached_property
-    def plans(self) -> dict[tuple[int, int, int, int], tuple[RoundPlan, ...]]:
-        """Per-rank compiled plans of this schedule, by (rank, elements, element size, piece
-        size): filled by :func:`tether.comm.collectives.plan.compile_plan`."""
-        return {}
 
     def links(self) -> set[tuple[int, int]]:
         """The directed links ``(src, dst)`` the schedule uses."""

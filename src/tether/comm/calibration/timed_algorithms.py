@@ -1,10 +1,12 @@
 """Every candidate collective timed side by side on the running group, and what counts as a
-clear win over native: the measurements ``auto`` chooses by (:mod:`tether.perf.calibration`
-keeps them with the alpha-beta-gamma model and decides per message size).
+clear win over native: the measurements ``auto`` chooses by (a
+:class:`~tether.comm.calibration.model.Calibration` keeps them with the alpha-beta-gamma model
+and decides per message size).
 
 At each timed size the algorithms run in interleaved rounds (round 1 of every algorithm, then
-round 2, ...; :func:`tether.perf.rounds.rotated` order), so that a slow spell of the machine hits
-them alike and each round pairs every algorithm with native under the same conditions.
+round 2, ...; :func:`tether.comm.calibration.rounds.rotated` order), so that a slow spell of the
+machine hits them alike and each round pairs every algorithm with native under the same
+conditions.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
+from tether.comm.calibration.rounds import iters_for, rotated
+from tether.comm.collectives.base import Collective
+from tether.comm.collectives.chain import Chain
+from tether.comm.collectives.hierarchical import Hierarchical
+from tether.comm.collectives.registry import COLLECTIVES, collectives_for
 from tether.comm.transport import Transport
-from tether.perf.rounds import iters_for, rotated
-
-if TYPE_CHECKING:
-    from tether.comm.collectives.base import Collective
 
 # Bytes at which the algorithms are timed: every power of 8 from 4 B (auto leaves native only
 # where it has evidence at the timed sizes either side of a message, so they are close), and
@@ -67,8 +69,6 @@ def candidates(kind: str, ranks_per_node: int | None = None, world_size: int = 0
     """The algorithms ``auto`` chooses among for ``kind``: every registered one but itself (the
     naive oracle included: with more ranks than cores its few dependent rounds can win), and
     hierarchical only where the group spans several nodes (on one node it is the ring)."""
-    from tether.comm.collectives.registry import collectives_for
-
     names = [n for n in collectives_for(kind) if n != "auto"]
     if ranks_per_node is not None and ranks_per_node >= world_size:
         names = [n for n in names if n != "hierarchical"]
@@ -77,10 +77,6 @@ def candidates(kind: str, ranks_per_node: int | None = None, world_size: int = 0
 
 def instantiate(algorithm: str, alpha: float, beta: float, ranks_per_node: int) -> Collective:
     """The registered algorithm with measured parameters (chain chunks, hierarchical nodes)."""
-    from tether.comm.collectives.chain import Chain
-    from tether.comm.collectives.hierarchical import Hierarchical
-    from tether.comm.collectives.registry import COLLECTIVES
-
     collective = COLLECTIVES.get(algorithm)
     if isinstance(collective, Chain) and collective.chunks is None and alpha > 0:
         return dataclasses.replace(collective, alpha=alpha, beta=beta)
@@ -100,9 +96,9 @@ def time_algorithms(
     At each size the rounds are interleaved across the algorithms (round 1 of every algorithm,
     then round 2, ...; each round in a rotated order), so a slow spell of the machine hits them
     alike and each round pairs every algorithm with native under the same conditions. A round
-    is a barrier and then :func:`~tether.perf.rounds.iters_for` calls back to back, as in
-    ``tether bench comm`` (why: :mod:`tether.perf.rounds`), after an untimed call of the same
-    algorithm, which absorbs what the previous one left behind (see
+    is a barrier and then :func:`~tether.comm.calibration.rounds.iters_for` calls back to back, as
+    in ``tether bench comm`` (why: :mod:`tether.comm.calibration.rounds`), after an untimed call
+    of the same algorithm, which absorbs what the previous one left behind (see
     :mod:`tether.bench.comm_measure`): at every size, as the benchmark does (skipping it from
     1 MiB, as calibrations before v7 did, timed 2-rank 1 MiB calls in another regime: a
     barrier alone before an exchange-based call is kinder to it than a call of its own). Every

@@ -1,0 +1,1 @@
+"""The Python API: ``tether.fit`` (one call) and ``tether.init`` (the user's own loop)."""

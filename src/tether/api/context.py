@@ -1,0 +1,194 @@
+"""The context ``tether.init`` returns: this process's place in the run and the method bound to
+the user's model and optimizer.
+
+``ctx.wrap(model, optimizer)`` builds the method around them and returns the model and an
+optimizer whose ``step()`` carries the method's communication
+(:class:`~tether.training.method_optimizer.MethodOptimizer`), so the user's loop stays a
+one-process loop. On the server rank of a parameter-server method ``wrap`` serves the workers
+until they finish and then ends the process: the server needs the model (its size, the center
+it holds) and, for async-sgd, the optimizer that applies the pushed gradients, which exist only
+once the user's script has built them, so the server stays in the script up to ``wrap``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.data.sharding import WorkerSampler
+from tether.errors import TetherError
+from tether.launch.env import DistEnv
+from tether.launch.teardown import shut_down_process_group
+from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
+from tether.observe.metrics import PhaseTotals
+from tether.training.method_optimizer import MethodOptimizer
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+class _ServeToTheEnd:
+    """The server's hooks in a user's own loop: no evaluation, no early stop."""
+
+    def on_progress(self, global_step: int) -> bool:
+        del global_step
+        return False
+
+
+class Context:
+    """This process's view of a distributed run started by ``tether.init``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        transport: TorchTransport,
+        device: torch.device,
+        env: DistEnv,
+        placement: Placement,
+    ) -> None:
+        self.config = config
+        self.transport = transport
+        self.device = device
+        self.env = env
+        self.placement = placement
+        self.method_class = METHODS.get(config.method)
+        self.servers = self.method_class.server_processes
+        self.method: TrainingMethod | None = None
+        self.optimizer: MethodOptimizer | None = None
+        self.totals = PhaseTotals()
+        self.finished = False
+
+    # -- where this process is -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.transport.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def workers(self) -> int:
+        """Processes that compute gradients (a parameter server is not one of them)."""
+        return self.world_size - self.servers
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the computing workers (the server has none: -1)."""
+        return self.rank - self.servers
+
+    @property
+    def is_server(self) -> bool:
+        return self.servers > 0 and self.rank == 0
+
+    @property
+    def is_main(self) -> bool:
+        """The process that should print and save: rank 0, or the first worker where rank 0
+        is a server (it returns from ``wrap`` only at the end of the run)."""
+        return self.rank == self.servers
+
+    # -- the method ------------------------------------------------------------------------------
+    def wrap(
+        self,
+        model: ModelT,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> tuple[ModelT, torch.optim.Optimizer]:
+        """Bind the method to ``model`` (moved to ``ctx.device``) and ``optimizer`` (built over
+        its parameters; None: the method's own local step from ``lr``, ``momentum``, ...).
+        ``scheduler``, when given, is stepped by the method: per optimizer step, or for the
+        asynchronous methods on the run's global step (do not step it yourself then).
+
+        Returns ``(model, optimizer)`` to train with: call ``optimizer.zero_grad()``,
+        ``loss.backward()`` and ``optimizer.step()`` as usual. On a parameter server's rank it
+        serves until every worker has finished, then ends the process (exit status 0)."""
+        if self.method is not None:
+            raise TetherError("ctx.wrap was called twice: one context binds one model")
+        if self.finished:
+            raise TetherError("ctx.wrap after ctx.finish: call tether.init again for a new run")
+        model.to(self.device)  # in place: an optimizer built over its parameters stays valid
+        if optimizer is not None:
+            _check_optimizer_covers(model, optimizer)
+        context = MethodContext(self.config, self.transport, self.device, self.placement)
+        method = self.method_class(model, context, optimizer, scheduler)
+        method.start(0)
+        self.method = method
+        self.optimizer = MethodOptimizer(method, self.config.accumulate)
+        if method.role() is Role.SERVER:
+            self._serve_and_exit(method)
+        return model, self.optimizer
+
+    def _serve_and_exit(self, method: TrainingMethod) -> None:
+        result = method.serve(_ServeToTheEnd())
+        for rank, reason in sorted(result.lost_workers.items()):
+            print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
+        self.finished = True
+        shut_down_process_group()
+        raise SystemExit(0)
+
+    def sampler(
+        self, dataset: Dataset, batch_size: int | None = None, seed: int | None = None
+    ) -> WorkerSampler:
+        """This worker's samples of ``dataset``: use with ``DataLoader(dataset,
+        batch_size=b, sampler=ctx.sampler(dataset, b))`` (``b`` defaults to the config's
+        ``batch_size``; each step's batches of all workers together are one global batch of
+        ``b * workers`` samples, whatever the worker count). Call ``set_epoch(e)`` each epoch."""
+        if self.is_server:
+            raise TetherError("the server rank trains on no data (it serves inside ctx.wrap)")
+        return WorkerSampler(
+            len(dataset),  # type: ignore[arg-type]
+            batch_size or self.config.batch_size,
+            self.worker_index,
+            self.workers,
+            self.config.seed if seed is None else seed,
+        )
+
+    def eval_model(self) -> nn.Module:
+        """The model to evaluate and save: the replica (sync-sgd), the mean of the replicas
+        (local-sgd), the center variable (EASGD family), the server's weights (async-sgd).
+        Call it on every worker at the same point: it may communicate."""
+        return self._bound().eval_model()
+
+    @property
+    def should_stop(self) -> bool:
+        """True when the run was told to stop early (a server that reached its target)."""
+        return self.method is not None and self.method.stop_requested
+
+    def finish(self) -> None:
+        """End this process's part of the run: the final synchronisation (a worker's goodbye
+        to the server), then the process group. Call it once on every worker after training."""
+        if self.finished:
+            return
+        self.finished = True
+        method = self._bound()
+        method.finish(self.totals if method.server_processes else None)
+        shut_down_process_group()
+
+    def _bound(self) -> TrainingMethod:
+        if self.method is None:
+            raise TetherError("call ctx.wrap(model, optimizer) first")
+        return self.method
+
+    def __repr__(self) -> str:
+        role = "server" if self.is_server else f"worker {self.worker_index} of {self.workers}"
+        return f"Context({self.config.method}, rank {self.rank}/{self.world_size}, {role})"
+
+
+def _check_optimizer_covers(model: nn.Module, optimizer: Any) -> None:
+    """The optimizer must update the model's parameters (a common slip: built before a copy)."""
+    ours = {id(p) for p in model.parameters()}
+    theirs = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if theirs and not theirs <= ours:
+        raise TetherError(
+            "the optimizer holds parameters that are not the model's: build it over "
+            "model.parameters() of the model you pass to ctx.wrap"
+        )

@@ -1,0 +1,280 @@
+"""``tether.fit``: train the caller's own model on the caller's own data with any method, in one
+call, on local worker processes.
+
+The arguments are Python objects (a module or a model factory, map-style datasets, a loss, an
+optimizer factory, ...); they reach the worker processes by pickle (see
+:mod:`tether.training.task_file`), so they must be defined at the top level of a module or of the
+script, and the script must guard its own work with ``if __name__ == "__main__":``. Registered
+names and import paths (``model="lenet5"``, ``train_data="fashion-mnist"``, ``loss="mse"``,
+``optimizer="adamw"``) work too. Every option of ``tether train`` is a keyword (``tau``,
+``allreduce``, ``compress``, ``seed``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from tether.catalog import (
+    check_names,
+    infer_shape_and_classes,
+    load_data,
+    loss_function,
+    method_defaults,
+    model_factory,
+    optimizer_factory,
+    schedule_factory,
+    warn_ignored,
+)
+from tether.config import TrainConfig, resolve_config, target_text
+from tether.errors import TetherError
+from tether.imports import is_import_path, load_object
+from tether.metrics import METRICS
+from tether.runner import launch_training
+from tether.training.probe import probe_task
+from tether.training.task import Task, describe
+from tether.training.task_file import write_task
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What ``tether.fit`` returns: the run's summary.json, the evaluated model (the center
+    variable for the EASGD methods) loaded into a fresh copy of the caller's model and in
+    ``eval()`` mode, and the run directory."""
+
+    summary: dict[str, Any]
+    model: nn.Module
+    run_dir: Path
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The evaluations: ``{time_s, step, epoch, test_loss, test_<metric>, ...}``."""
+        return list(self.summary.get("history", []))
+
+
+def fit(
+    model: nn.Module | Callable[[], nn.Module] | str,
+    train_data: Dataset | str,
+    eval_data: Dataset | None = None,
+    loss: Callable[..., torch.Tensor] | str | None = None,
+    optimizer: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | str | None = None,
+    scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | str | None = None,
+    metrics: Mapping[str, Callable[..., float]] | Iterable[str] | None = None,
+    method: str = "sync-easgd",
+    workers: int = 2,
+    epochs: int = 1,
+    batch_size: int = 64,
+    out: str | Path | None = None,
+    target: tuple[str, float] | tuple[str, str, float] | str | None = None,
+    log: str | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    loader_options: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    **options: Any,
+) -> FitResult:
+    """Train ``model`` on ``train_data`` with ``method`` on ``workers`` local processes.
+
+    - ``model``: an ``nn.Module``, a zero-argument callable returning one, or a registered name /
+      import path.
+    - ``train_data``, ``eval_data``: map-style ``torch.utils.data.Dataset`` s; batches may be
+      tensors, tuples, lists or dicts (``collate_fn`` and ``loader_options`` such as
+      ``num_workers`` go to the DataLoader). Or a registered data set name for ``train_data``
+      (its test split is the evaluation set).
+    - ``loss``: ``loss(outputs, targets)`` for ``(inputs, targets)`` batches, or
+      ``loss(model, batch)`` (parameters named so) for anything else; default cross-entropy.
+    - ``optimizer``: ``params -> Optimizer`` (default: the method's own local step with ``lr``,
+      ``momentum``, ``weight_decay``); ``scheduler``: ``optimizer -> LRScheduler``, stepped once
+      per optimizer step (for asynchronous methods, on the run's global step).
+    - ``metrics``: ``{name: metric(outputs, targets) -> float}``, averaged over ``eval_data``
+      (default: the mean loss, plus accuracy for classifiers).
+    - ``target``: ``("accuracy", 0.88)``, ``("loss", "<=", 0.3)`` or ``"accuracy>=0.88"``: its
+      time is recorded; with ``stop_at_target=True`` the run stops there.
+    - ``log="tensorboard"`` also writes TensorBoard event files; ``resume=True`` continues the
+      run in ``out`` from its last checkpoint (``checkpoint_every=N``).
+    - ``**options``: any other config key (``tau``, ``alpha``, ``allreduce``, ``compress``,
+      ``seed``, ``lr``, ``accumulate``, ...).
+
+    Raises :class:`~tether.errors.TetherError` (one line, before any worker starts) for bad
+    input, and :class:`~tether.errors.WorkerFailure` when a worker fails.
+    """
+    config, given = _config(
+        model, train_data, loss, optimizer, scheduler, metrics, method, workers, epochs,
+        batch_size, out, target, log, resume, options,
+    )  # fmt: skip
+    warn_ignored(config, given, stacklevel=2)
+    task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
+    task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
+    probe_task(task)
+    run_dir = Path(str(config.out))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task
+    try:
+        task_file = scratch / "task.pickle"
+        write_task(task, task_file)
+        launch_training(config, task_file)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return FitResult(summary, _load_model(task, run_dir, config.seed), run_dir)
+
+
+def _config(
+    model: Any,
+    train_data: Any,
+    loss: Any,
+    optimizer: Any,
+    scheduler: Any,
+    metrics: Any,
+    method: str,
+    workers: int,
+    epochs: int,
+    batch_size: int,
+    out: Any,
+    target: Any,
+    log: str | None,
+    resume: bool,
+    options: Mapping[str, Any],
+) -> tuple[TrainConfig, set[str]]:
+    """The run's config, and the keys the caller set (for the ignored-setting warnings)."""
+    values: dict[str, Any] = {
+        "method": method,
+        "workers": workers,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        **options,
+    }
+    values["model"] = model if isinstance(model, str) else describe(model)
+    values["dataset"] = train_data if isinstance(train_data, str) else describe(train_data)
+    for key, value in (("loss", loss), ("optimizer", optimizer), ("lr_schedule", scheduler)):
+        if isinstance(value, str):
+            values[key] = value
+    if metrics is not None and not isinstance(metrics, Mapping):
+        values["metrics"] = tuple(metrics)
+    if target is not None:
+        values["target"] = _target(target)
+    if log is not None:
+        if log != "tensorboard":
+            raise TetherError(f"log must be 'tensorboard' or None, got {log!r}")
+        values["tensorboard"] = True
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    values["out"] = str(out) if out is not None else f"runs/{method}-{stamp}"
+    if resume:
+        if out is None:
+            raise TetherError("resume=True needs out=DIR, the run to continue")
+        values["resume"] = True
+    values.setdefault("progress", False)  # a library call: no progress bar unless asked
+    config = resolve_config(None, values, method_defaults=method_defaults)
+    supplied = {
+        key
+        for key, value in (
+            ("model", model),
+            ("dataset", train_data),
+            ("loss", loss),
+            ("optimizer", optimizer),
+            ("lr_schedule", scheduler),
+            ("metrics", metrics),
+        )
+        if value is not None and not isinstance(value, str | list | tuple)
+    }
+    check_names(config, supplied=supplied)
+    given = set(options) - {"progress"}
+    return config, given
+
+
+def _target(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, tuple | list) and len(target) == 2:
+        return target_text(str(target[0]), float(target[1]))
+    if isinstance(target, tuple | list) and len(target) == 3 and target[1] in (">=", "<="):
+        return target_text(str(target[0]), float(target[2]), above=target[1] == ">=")
+    raise TetherError(
+        f"target must be (metric, value), (metric, '>=' or '<=', value) or 'metric>=value', "
+        f"got {target!r}"
+    )
+
+
+def _task(
+    config: TrainConfig,
+    model: Any,
+    train_data: Any,
+    eval_data: Any,
+    loss: Any,
+    optimizer: Any,
+    scheduler: Any,
+    metrics: Any,
+) -> Task:
+    """The caller's objects, with names and import paths resolved in this process."""
+    shape: tuple[int, ...] = ()
+    classes: int | None = None
+    if isinstance(train_data, str):
+        if eval_data is not None:
+            raise TetherError(
+                "a named data set brings its own evaluation split: leave eval_data out"
+            )
+        train_data, eval_data, shape, classes = load_data(config)
+    elif isinstance(model, str):
+        shape, classes = infer_shape_and_classes(train_data)
+    built_model = model_factory(config, shape, classes) if isinstance(model, str) else model
+    if not (isinstance(built_model, nn.Module) or callable(built_model)):
+        raise TetherError(
+            f"model must be an nn.Module or a callable returning one, got a "
+            f"{type(built_model).__name__}"
+        )
+    return Task(
+        model=built_model,
+        train_data=train_data,
+        eval_data=eval_data,
+        loss=loss_function(config) if loss is None or isinstance(loss, str) else loss,
+        optimizer=(
+            optimizer_factory(config)
+            if optimizer is None or isinstance(optimizer, str)
+            else optimizer
+        ),
+        scheduler=(
+            schedule_factory(config)
+            if scheduler is None or isinstance(scheduler, str)
+            else scheduler
+        ),
+        metrics=_metrics(metrics),
+        model_name=config.model,
+        data_name=config.dataset,
+    )
+
+
+def _metrics(metrics: Any) -> dict[str, Callable[..., float]] | None:
+    if metrics is None:
+        return None
+    if isinstance(metrics, Mapping):
+        for name, fn in metrics.items():
+            if not callable(fn):
+                raise TetherError(f"metric {name!r} is a {type(fn).__name__}, not a callable")
+        return dict(metrics)
+    out = {}
+    for name in metrics:
+        if is_import_path(name):
+            out[name.rpartition(":")[2]] = load_object(name, "metric")
+        else:
+            out[name] = METRICS.get(name)
+    return out
+
+
+def _load_model(task: Task, run_dir: Path, seed: int) -> nn.Module:
+    """A fresh copy of the model with the run's evaluated weights (``model.pt``)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = task.build_model()
+    state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    return model.eval()  # as it was evaluated (dropout off, batch norm's running statistics)

@@ -1,0 +1,118 @@
+"""``tether.init``: join a distributed run from the user's own training script.
+
+Run the script under any launcher: ``torchrun --nproc-per-node 4 train.py``, ``srun`` (SLURM),
+``mpiexec -n 4`` (MPICH or Open MPI), a Kubeflow PyTorchJob, or ``tether launch --workers 4
+train.py``. ``init`` finds this process's rank, the world size and the rendezvous address from
+that launcher's variables (:meth:`~tether.launch.env.DistEnv.detect`), starts the process group
+(gloo on the CPU, NCCL where every local rank has a GPU), and returns a
+:class:`~tether.api.context.Context`. Under MPI without MASTER_ADDR/MASTER_PORT the ranks agree on
+them through MPI (mpi4py, the ``tether[mpi]`` extra).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any
+
+import torch
+
+from tether.api.context import Context
+from tether.catalog import check_names, method_defaults, warn_ignored
+from tether.comm.transport import TorchTransport
+from tether.config import resolve_config
+from tether.errors import TetherError
+from tether.launch.env import DistEnv, cache_dir, launcher_method, pin_loopback_if_local
+from tether.launch.worker import init_process_group, place, rendezvous_store
+from tether.methods import METHODS, Placement
+
+COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
+_generation = 0  # process groups this process has started: each meets under its own key prefix
+
+
+def init(method: str | None = None, **options: Any) -> Context:
+    """Join the run as this process's launcher placed it; returns the context whose ``wrap``
+    binds ``method`` (default: the one ``tether launch --method`` named, else sync-easgd) to
+    your model and optimizer. ``options`` are config keys (``tau``, ``alpha``, ``allreduce``,
+    ``compress``, ``batch_size``, ``accumulate``, ``lr`` for a default optimizer, ``backend``,
+    ``timeout_s``, ``seed``, ...)."""
+    launched_for = launcher_method()
+    if method is not None and launched_for is not None and method != launched_for:
+        raise TetherError(
+            f"tether launch started this script for {launched_for}, but it asks for {method}: "
+            "use the same --method for both (or leave it out of tether.init)"
+        )
+    method = method or launched_for or "sync-easgd"
+    env = DistEnv.detect()
+    if env.source == "mpi" and env.master_port is None:
+        env = _agree_through_mpi(env)
+    elif env.master_port is None:  # a single process, or a launcher without a rendezvous
+        if env.world_size > 1:
+            raise TetherError(
+                f"{env.world_size} processes but no rendezvous address: set MASTER_ADDR and "
+                "MASTER_PORT (or start the script with torchrun, srun or tether launch)"
+            )
+        env = dataclasses.replace(env, master_addr="127.0.0.1", master_port=_free_port())
+    servers = METHODS.get(method).server_processes
+    if env.world_size <= servers:
+        raise TetherError(
+            f"{method} needs a server process and at least one worker: start "
+            f"{servers + 1} or more processes (it has {env.world_size})"
+        )
+    unknown = [key for key in options if key in COMPONENT_KEYS]
+    if unknown:
+        raise TetherError(
+            f"tether.init takes no {', '.join(unknown)}: in your own loop you build them and "
+            "pass the model and optimizer to ctx.wrap"
+        )
+    values = {**options, "method": method, "workers": env.world_size - servers}
+    config = resolve_config(None, values, method_defaults=method_defaults)
+    check_names(config, supplied=COMPONENT_KEYS)
+    if env.rank == 0:
+        warn_ignored(config, set(options), stacklevel=2)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+    pin_loopback_if_local(env)
+    backend, device = place(config.backend, env)
+    global _generation
+    store = rendezvous_store(env, config.timeout_s, _generation)
+    _generation += 1
+    init_process_group(backend, env, config.timeout_s, store)
+    placement = Placement(
+        local_world_size=env.local_world_size, run_id=env.run_id, cache_dir=cache_dir()
+    )
+    return Context(config, TorchTransport(), device, env, placement)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _agree_through_mpi(env: DistEnv) -> DistEnv:
+    """Under mpiexec without MASTER_ADDR/PORT: rank 0 picks its host and a free port and MPI
+    broadcasts them (mpi4py), as Lightning's MPI environment does."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise TetherError(
+            "under mpiexec, set MASTER_ADDR and MASTER_PORT (mpiexec -genv MASTER_ADDR host "
+            "-genv MASTER_PORT 29500), or install mpi4py (pip install 'tether[mpi]') so the "
+            "ranks can agree on them"
+        ) from None
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    # A fixed-size raw buffer (no pickle on the wire): 2 bytes of port, 1 of length, the host.
+    buffer = np.zeros(258, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        local = env.local_world_size == env.world_size
+        name = ("127.0.0.1" if local else socket.gethostname()).encode()[:255]
+        chosen = _free_port()
+        buffer[:3] = [chosen >> 8, chosen & 0xFF, len(name)]
+        buffer[3 : 3 + len(name)] = np.frombuffer(name, dtype=np.uint8)
+    comm.Bcast(buffer, root=0)
+    port = (int(buffer[0]) << 8) | int(buffer[1])
+    host = bytes(buffer[3 : 3 + int(buffer[2])]).decode()
+    return dataclasses.replace(env, master_addr=host, master_port=port)

@@ -1,0 +1,276 @@
+"""Names and import paths -> components: what turns a config into a :class:`Task`.
+
+The command line and config files name components (``--model lenet5``, ``--loss mse``,
+``--optimizer adamw``, or ``mypkg.nets:build`` for the user's own); this module is the one place
+that knows every registry and resolves those names. It also applies a method's tuned defaults,
+checks every name before any process starts, and warns about settings the chosen method ignores.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from tether import config as config_module
+from tether.comm.collectives import collectives_for
+from tether.config import TrainConfig
+from tether.data import DATASETS, check_dataset, load_dataset
+from tether.errors import TetherError
+from tether.imports import is_import_path, load_object
+from tether.methods import METHOD_SETTINGS, METHODS
+from tether.metrics import METRICS
+from tether.models import MODELS, build_model
+from tether.observe.tensorboard import require_tensorboard
+from tether.optim import OPTIMIZERS, SCHEDULES, NamedOptimizer, NamedSchedule, ScheduleSettings
+from tether.optim.builders import OptimizerSettings
+from tether.training.objective import LOSSES
+from tether.training.task import Task
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting that has no effect with the chosen method (or components)."""
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """The tuned defaults a method declares (empty for an unknown name: the check reports it)."""
+    return dict(METHODS.get(method).defaults) if method in METHODS else {}
+
+
+def resolve_config(
+    file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    base: TrainConfig | None = None,
+) -> TrainConfig:
+    """Defaults (or ``base``) <- the method's tuned defaults <- config file <- overrides, validated,
+    every name and import path checked."""
+    config = config_module.resolve_config(file, overrides, base, method_defaults)
+    check_names(config)
+    return config
+
+
+def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
+    """Every name the config uses exists, every import path resolves; a TetherError otherwise.
+    ``supplied``: the component keys given as objects (``tether.fit``), whose config value only
+    describes them."""
+    METHODS.get(config.method)
+    valid = ["auto", *collectives_for("all_reduce")]
+    if config.allreduce not in valid:
+        raise TetherError(
+            f"unknown all-reduce algorithm {config.allreduce!r}; valid: {', '.join(valid)}"
+        )
+    skip = set(supplied)
+    for key, registry in (
+        ("model", MODELS),
+        ("dataset", DATASETS),
+        ("loss", LOSSES),
+        ("optimizer", OPTIMIZERS),
+        ("lr_schedule", SCHEDULES),
+    ):
+        value = getattr(config, key)
+        if key not in skip and not (key == "optimizer" and value == "auto"):
+            _check(value, registry, key)
+    if "metrics" not in skip:
+        for metric in config.metrics:
+            _check(metric, METRICS, "metric")
+    if config.tensorboard:
+        require_tensorboard()
+
+
+def _check(name: str, registry: Any, what: str) -> None:
+    if is_import_path(name):
+        load_object(name, what)
+    else:
+        registry.get(name)
+
+
+def check_data(config: TrainConfig) -> None:
+    """A built-in data set's files are present and sound (one line otherwise), before launch."""
+    if not is_import_path(config.dataset):
+        check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+
+
+# -- settings a method ignores ---------------------------------------------------------------------
+_MOMENTUM_HINT = {
+    "sync-easgd": "its workers take plain SGD steps, as in the paper",
+    "original-easgd": "its workers take plain SGD steps, as in the paper",
+    "async-easgd": "its workers take plain SGD steps, as in the paper",
+    "hogwild-easgd": "its workers take plain SGD steps, as in the paper",
+    "hogwild-sgd": "its workers take plain SGD steps",
+    "async-sgd": "its server applies plain SGD; async-msgd keeps momentum on the server",
+}
+
+
+def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
+    """One message per setting in ``given`` (keys the user set) that the run will not use."""
+    method = METHODS.get(config.method)
+    messages = []
+    optimizer_named = config.optimizer != "auto"
+    for key in sorted(set(given)):
+        if key == "momentum":
+            uses = config.optimizer == "sgd" if optimizer_named else "momentum" in method.settings
+            if not uses:
+                why = (
+                    f"the {config.optimizer} optimizer has no momentum setting"
+                    if optimizer_named
+                    else _MOMENTUM_HINT.get(config.method, "it does not use momentum")
+                )
+                messages.append(
+                    f"{config.method} ignores momentum: {why} (--optimizer sgd uses it)"
+                    if not optimizer_named
+                    else f"momentum has no effect: {why}"
+                )
+        elif key == "nesterov" and config.optimizer != "sgd":
+            messages.append("nesterov applies to --optimizer sgd only")
+        elif key in METHOD_SETTINGS and key not in method.settings:
+            users = [n for n in METHODS if key in METHODS.get(n).settings]
+            messages.append(f"{config.method} ignores {key} (it applies to {', '.join(users)})")
+        elif key == "label_smoothing" and config.loss != "cross-entropy":
+            messages.append("label_smoothing applies to --loss cross-entropy only")
+        elif key in ("lr_decay_every", "lr_decay") and config.lr_schedule != "step":
+            messages.append(f"{key} applies to --lr-schedule step only")
+    return messages
+
+
+def warn_ignored(config: TrainConfig, given: Iterable[str], stacklevel: int = 2) -> None:
+    for message in ignored_settings(config, given):
+        warnings.warn(message, IgnoredSettingWarning, stacklevel=stacklevel + 1)
+
+
+# -- the task from a config (in each worker) ----------------------------------------------------
+def optimizer_factory(config: TrainConfig) -> Callable[..., torch.optim.Optimizer] | None:
+    """None for ``auto`` (the method's own local step)."""
+    if config.optimizer == "auto":
+        return None
+    if is_import_path(config.optimizer):
+        return load_object(config.optimizer, "optimizer")
+    settings = OptimizerSettings(
+        lr=config.lr,
+        momentum=config.momentum,
+        nesterov=config.nesterov,
+        weight_decay=config.weight_decay,
+    )
+    return NamedOptimizer(config.optimizer, settings)
+
+
+def schedule_factory(config: TrainConfig) -> Callable[..., Any] | None:
+    """None for a constant rate without warm-up."""
+    if is_import_path(config.lr_schedule):
+        return load_object(config.lr_schedule, "lr_schedule")
+    if config.lr_schedule == "constant" and config.warmup_steps == 0:
+        return None
+    settings = ScheduleSettings(
+        warmup_steps=config.warmup_steps, decay_every=config.lr_decay_every, decay=config.lr_decay
+    )
+    return NamedSchedule(config.lr_schedule, settings)
+
+
+def loss_function(config: TrainConfig) -> Callable[..., torch.Tensor]:
+    if not is_import_path(config.loss):
+        return LOSSES.get(config.loss)(config.label_smoothing)
+    loss = load_object(config.loss, "loss")
+    if isinstance(loss, type) and issubclass(loss, nn.Module):
+        loss = loss()  # a loss class, e.g. mypkg.losses:FocalLoss
+    if not callable(loss):
+        raise TetherError(f"loss {config.loss!r} is a {type(loss).__name__}, not a callable")
+    return loss
+
+
+def metric_functions(config: TrainConfig) -> dict[str, Callable[..., float]] | None:
+    """None when no metric is named (the defaults: loss, plus accuracy for classifiers)."""
+    if not config.metrics:
+        return None
+    out = {}
+    for name in config.metrics:
+        if is_import_path(name):
+            out[name.rpartition(":")[2].rpartition(".")[2]] = load_object(name, "metric")
+        else:
+            out[name] = METRICS.get(name)
+    return out
+
+
+def load_data(config: TrainConfig) -> tuple[Dataset, Dataset | None, tuple[int, ...], int | None]:
+    """``(train, eval, sample shape, classes)``; the shape and class count size a built-in model
+    (None where the data set does not say)."""
+    if not is_import_path(config.dataset):
+        data_dir = Path(config.data_dir) if config.data_dir else None
+        data = load_dataset(config.dataset, data_dir, config.seed)
+        train = TensorDataset(data.train_x, data.train_y)
+        test = TensorDataset(data.test_x, data.test_y)
+        return train, test, data.sample_shape, data.num_classes
+    loader = load_object(config.dataset, "dataset")
+    if not callable(loader):
+        raise TetherError(f"dataset {config.dataset!r} must be a callable returning (train, eval)")
+    loaded = loader()
+    if not (isinstance(loaded, tuple | list) and len(loaded) == 2):
+        raise TetherError(
+            f"dataset {config.dataset!r} must return (train, eval) datasets (eval may be None), "
+            f"got a {type(loaded).__name__}"
+        )
+    train, test = loaded
+    return train, test, *infer_shape_and_classes(train)
+
+
+def infer_shape_and_classes(train: Any) -> tuple[tuple[int, ...], int | None]:
+    """The first sample's input shape, and the class count where the dataset tells it
+    (``num_classes``, ``classes``, or integer labels of a TensorDataset)."""
+    shape: tuple[int, ...] = ()
+    try:
+        first = train[0]
+        inputs = first[0] if isinstance(first, tuple | list) else first
+        if isinstance(inputs, torch.Tensor):
+            shape = tuple(int(d) for d in inputs.shape)
+    except Exception:  # an unusual dataset: a built-in model cannot be sized for it
+        shape = ()
+    classes = getattr(train, "num_classes", None)
+    if classes is None and hasattr(train, "classes"):
+        classes = len(train.classes)
+    if classes is None and isinstance(train, TensorDataset) and len(train.tensors) == 2:
+        labels = train.tensors[1]
+        if not labels.is_floating_point() and labels.numel():
+            classes = int(labels.max()) + 1
+    return shape, classes
+
+
+def model_factory(
+    config: TrainConfig, shape: tuple[int, ...], classes: int | None
+) -> nn.Module | Callable[[], nn.Module]:
+    if is_import_path(config.model):
+        model = load_object(config.model, "model")
+        if isinstance(model, nn.Module) or callable(model):
+            return model
+        raise TetherError(
+            f"model {config.model!r} is a {type(model).__name__}: give an nn.Module, an nn.Module "
+            "class or a function returning one"
+        )
+    if len(shape) != 3 or classes is None:
+        raise TetherError(
+            f"built-in model {config.model!r} needs images (C, H, W) with class labels; the data "
+            f"set {config.dataset!r} has samples of shape {shape or 'unknown'}: give your own "
+            "model as an import path (--model mypkg.nets:build)"
+        )
+    c, h, w = shape
+    return partial(build_model, config.model, (c, h, w), classes)
+
+
+def task_from_config(config: TrainConfig) -> Task:
+    """Every component the config names, built (data loaded) in the calling process."""
+    train, test, shape, classes = load_data(config)
+    return Task(
+        model=model_factory(config, shape, classes),
+        train_data=train,
+        eval_data=test,
+        loss=loss_function(config),
+        optimizer=optimizer_factory(config),
+        scheduler=schedule_factory(config),
+        metrics=metric_functions(config),
+        loader_options={"num_workers": config.loader_workers} if config.loader_workers else {},
+        model_name=config.model,
+        data_name=config.dataset,
+    )

@@ -1,0 +1,48 @@
+"""Evaluation metrics: ``metric(outputs, targets) -> float``, averaged over the evaluation set.
+
+Tether evaluates a metric batch by batch and weights each batch's value by its number of samples,
+so a metric must be a mean over the batch (as these are). ``METRICS`` holds the ones a user can
+name (``--metric accuracy``); any callable of the same form works in ``tether.fit(metrics=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tether.registry import Registry
+
+Metric = Callable[[torch.Tensor, torch.Tensor], float]
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Share of samples whose highest-scoring class (``outputs.argmax(1)``) is the target."""
+    return float((outputs.argmax(dim=1) == targets).float().mean())
+
+
+def mean_absolute_error(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean of ``|outputs - targets|`` (outputs reshaped like the targets)."""
+    return float((outputs.reshape(targets.shape) - targets).abs().float().mean())
+
+
+def mean_squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean of ``(outputs - targets)^2`` (outputs reshaped like the targets)."""
+    return float((outputs.reshape(targets.shape) - targets).float().pow(2).mean())
+
+
+def is_classification(outputs: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Class scores ``(N, C)`` against class indices ``(N,)``: where accuracy means something."""
+    return (
+        outputs.ndim == 2
+        and targets.ndim == 1
+        and not targets.is_floating_point()
+        and not targets.is_complex()
+        and outputs.shape[0] == targets.shape[0]
+    )
+
+
+METRICS: Registry[Metric] = Registry("metric")
+METRICS.register("accuracy", help="share of samples whose top class is the target")(accuracy)
+METRICS.register("mae", help="mean absolute error")(mean_absolute_error)
+METRICS.register("mse", help="mean squared error")(mean_squared_error)

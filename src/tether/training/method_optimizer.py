@@ -1,0 +1,98 @@
+"""The user's optimizer with a method's communication inside its ``step()``.
+
+``ctx.wrap(model, optimizer)`` returns this in place of the optimizer, so a training loop written
+for one process (``zero_grad``, ``loss.backward()``, ``step``) runs any Tether method unchanged:
+sync-sgd waits for the gradient all-reduce its backward hooks started and then steps; the EASGD
+methods step and exchange with the center every ``tau`` steps; a parameter-server worker pushes
+its gradient and takes the server's weights. It is a ``torch.optim.Optimizer`` (a learning-rate
+scheduler accepts it) whose ``param_groups`` and ``state`` are the wrapped optimizer's own.
+
+Gradient accumulation over ``k`` backward passes: the first ``k - 1`` calls of ``step()`` only
+count (the gradients keep adding up, ``zero_grad`` does nothing in between, and nothing is
+communicated during their backward passes); the ``k``-th is the method's step, on the gradient
+divided by ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tether.methods import StepTimes, TrainingMethod
+
+
+class MethodOptimizer(torch.optim.Optimizer):
+    """A method's view as a torch optimizer; see the module docstring."""
+
+    # Deliberately no super().__init__(): this object holds no parameters of its own; its
+    # param_groups, defaults and state are the wrapped optimizer's.
+    def __init__(self, method: TrainingMethod, accumulate: int = 1) -> None:
+        if accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {accumulate}")
+        self.method = method
+        self.optimizer = method.optimizer
+        self.accumulate = accumulate
+        self.passes = 0  # step() calls, counting the accumulation passes
+        self.last_times = StepTimes()  # the exposed communication of the last real step
+        method.grad_scale = 1.0 / accumulate
+        method.set_gradient_sync(accumulate == 1)
+
+    # The wrapped optimizer's state, shared rather than copied, so that a scheduler built on
+    # this object changes the rates the wrapped one uses.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def accumulating(self) -> bool:
+        """True while the next ``step()`` only counts a backward pass."""
+        return (self.passes + 1) % self.accumulate != 0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.passes % self.accumulate == 0:  # not in the middle of an accumulation
+            self.method.zero_grad()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """The method's step; ``closure`` (optional) runs forward and backward and returns the
+        loss, as for any torch optimizer."""
+        if self.accumulating:
+            loss = closure() if closure is not None else None
+            self.passes += 1
+            # Whether the next backward pass ends the accumulation: it communicates.
+            self.method.set_gradient_sync(not self.accumulating)
+            return loss
+        self.passes += 1
+        times = StepTimes()
+        loss = self.method.step(closure or _nothing, times)
+        self.last_times = times
+        self.method.set_gradient_sync(self.accumulate == 1)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise RuntimeError(
+            "parameters cannot be added once a method is bound to the optimizer (its buffers "
+            "and messages are sized at wrap time): add them before ctx.wrap"
+        )
+
+    def __repr__(self) -> str:
+        return f"MethodOptimizer({self.method.name}, {self.optimizer!r})"
+
+
+def _nothing() -> None:
+    return None

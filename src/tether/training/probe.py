@@ -1,0 +1,63 @@
+"""A dry run of a task on two training samples, in the calling process, before any worker starts.
+
+A model that fails on the data, a loss that returns a vector, a metric that raises: each would
+otherwise surface as the same traceback from every worker, after the start-up. Running the task
+once on a tiny batch turns them into one line (a :class:`~tether.errors.TetherError`) up front.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from tether.errors import TetherError
+from tether.training.objective import Objective, takes_model_and_batch
+from tether.training.task import Task
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def probe_task(task: Task, samples: int = 2) -> None:
+    """Build the model and run forward, the loss and every metric on ``samples`` training
+    samples (collated as the workers will), without changing the caller's random state."""
+    try:
+        size = len(task.train_data)  # type: ignore[arg-type]
+    except TypeError:
+        raise TetherError(
+            "train_data must be a map-style dataset (with __len__ and __getitem__)"
+        ) from None
+    if size == 0:
+        raise TetherError("train_data is empty")
+    with torch.random.fork_rng(devices=[]):
+        model = task.build_model()
+        try:
+            items = [task.train_data[i] for i in range(min(samples, size))]
+            batch: Any = (task.collate_fn or default_collate)(items)
+        except Exception as exc:
+            raise TetherError(f"reading a batch of train_data failed: {_first_line(exc)}") from None
+        objective = Objective(task.loss)
+        model.eval()
+        with torch.no_grad():
+            try:
+                result = objective(model, batch)
+            except TetherError:
+                raise
+            except Exception as exc:
+                raise TetherError(
+                    f"the model and loss failed on a batch of train_data: {_first_line(exc)}"
+                ) from None
+            for name, metric in (task.metrics or {}).items():
+                try:
+                    value = (
+                        metric(model, batch)
+                        if takes_model_and_batch(metric)
+                        else metric(result.outputs, result.targets)
+                    )
+                    float(value)
+                except Exception as exc:
+                    raise TetherError(f"metric {name!r} failed: {_first_line(exc)}") from None

@@ -1,0 +1,223 @@
+"""Every method on the user's own model, data, loss, optimizer and schedule (the one step seam),
+through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned group of 3 ranks.
+
+- Each of the ten methods trains a user-defined module on scikit-learn's breast-cancer data with a
+  label-smoothed loss and AdamW: the test loss falls below the untrained model's and the
+  accuracy beats the majority class (63%) by a stated margin.
+- sync-sgd in a user's loop (``ctx.wrap``, ``ctx.sampler``, a DataLoader) equals one process on
+  the global batch (1e-5 relative) and PyTorch DDP; sync-easgd is bitwise deterministic there
+  and through the trainer.
+- A run resumed from its checkpoint with AdamW and a cosine schedule ends bitwise equal to an
+  uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from sklearn.datasets import load_breast_cancer
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+from tether.api.context import Context
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.data.sharding import GlobalBatchSampler
+from tether.launch.env import DistEnv
+from tether.launch.spawn import run_spawned
+from tether.methods import METHODS, Placement
+from tether.metrics import accuracy
+from tether.training.task import Task
+from tether.training.trainer import Trainer, WorkerRuntime
+
+WORLD = 3
+CHANCE = 0.63  # the majority class's share of the evaluation split
+MARGIN = 0.20  # every method must beat it by this much: >= 83% accuracy
+LR, BATCH, STEPS = 0.01, 16, 60
+WRAP_STEPS, WRAP_BATCH, REL_TOL = 6, 8, 1e-5
+CPU = torch.device("cpu")
+
+
+def data() -> tuple[TensorDataset, TensorDataset]:
+    x, y = load_breast_cancer(return_X_y=True)
+    x = (x - x.mean(0)) / x.std(0)
+    order = np.random.default_rng(0).permutation(len(y))
+    xs = torch.tensor(x[order], dtype=torch.float32)
+    ys = torch.tensor(y[order], dtype=torch.int64)
+    return TensorDataset(xs[:400], ys[:400]), TensorDataset(xs[400:], ys[400:])
+
+
+class Net(nn.Module):
+    """The user's own module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(30, 16)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=LR, weight_decay=1e-4)
+
+
+def cosine(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=2 * 10)
+
+
+def _task(**change: Any) -> Task:
+    train, test = data()
+    fields = {
+        "model": Net,
+        "train_data": train,
+        "eval_data": test,
+        "loss": nn.CrossEntropyLoss(label_smoothing=0.05),
+        "optimizer": adamw,
+        "metrics": {"accuracy": accuracy},
+        "model_name": "Net",
+        "data_name": "breast-cancer",
+        **change,
+    }
+    return Task(**fields)
+
+
+def _train(root: Path, name: str, task: Task, **change: Any) -> dict[str, Any]:
+    """One trainer run on this group; rank 0 returns its summary."""
+    method = change.get("method", "sync-sgd")
+    servers = METHODS.get(method).server_processes
+    values = {"method": method, "workers": WORLD - servers, "batch_size": BATCH, "tau": 2,
+              "steps": STEPS, "eval_every": STEPS // 2, "out": str(root / name),
+              "progress": False, "timeout_s": 30.0, **change}  # fmt: skip
+    runtime = WorkerRuntime(TorchTransport(), CPU, Placement(run_id=name))
+    Trainer(TrainConfig(**values), task, runtime).run()
+    dist.barrier()  # the next run's handshake must not reach this run's server
+    summary = root / name / "summary.json"
+    return json.loads(summary.read_text()) if dist.get_rank() == 0 else {}
+
+
+def _weights(path: Path) -> np.ndarray:
+    state = torch.load(path, weights_only=True)
+    return torch.cat([t.reshape(-1).float() for t in state.values()]).numpy()
+
+
+def _wrap_loop(rank: int, world: int, method: str, seed: int = 3) -> np.ndarray:
+    """The user's loop of docs/api.md on ``ctx.wrap``: returns the evaluated model's weights."""
+    train, _ = data()
+    config = TrainConfig(method=method, workers=world, batch_size=WRAP_BATCH, seed=seed, lr=0.4)
+    env = DistEnv(rank, world, rank, world, "127.0.0.1", None, None)
+    ctx = Context(config, TorchTransport(), CPU, env, Placement(local_world_size=world))
+    torch.manual_seed(0)
+    model = Net()
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if method == "sync-sgd" else None
+    )
+    model, wrapped = ctx.wrap(model, opt)
+    loader = DataLoader(train, batch_size=WRAP_BATCH, sampler=ctx.sampler(train))
+    for step, (x, y) in enumerate(loader):
+        if step == WRAP_STEPS:
+            break
+        wrapped.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        wrapped.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in ctx.eval_model().parameters()])
+    ctx.method.finish(None)  # type: ignore[union-attr]  (the spawn helper ends the group)
+    return flat.clone().numpy()
+
+
+def _ddp(rank: int, world: int) -> np.ndarray:
+    train, _ = data()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Net())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    sampler = GlobalBatchSampler(len(train), WRAP_BATCH * world, seed=3)
+    x, y = train.tensors
+    for step in range(WRAP_STEPS):
+        idx = sampler.worker_indices(step, rank, world)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()]).numpy()
+
+
+def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
+    base = Path(root)
+    out: dict[str, Any] = {}
+    for method in METHODS:
+        out[method] = _train(base, method, _task(), method=method)
+    # sync-easgd twice: bitwise the same weights
+    for name in ("easgd-a", "easgd-b"):
+        _train(base, name, _task(optimizer=None), method="sync-easgd", lr=0.4, steps=20)
+    # resume: 20 steps at once, or 10, a checkpoint, and 10 more from it
+    resumable = _task(scheduler=cosine)
+    _train(base, "whole", resumable, steps=20)
+    _train(base, "part", resumable, steps=10, checkpoint_every=10)
+    _train(base, "part", resumable, steps=20, resume=True)
+    out["wrap-sync-sgd"] = _wrap_loop(rank, world, "sync-sgd")
+    out["ddp"] = _ddp(rank, world)
+    out["wrap-easgd-a"] = _wrap_loop(rank, world, "sync-easgd")
+    out["wrap-easgd-b"] = _wrap_loop(rank, world, "sync-easgd")
+    return out
+
+
+def _single_process() -> np.ndarray:
+    train, _ = data()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sampler = GlobalBatchSampler(len(train), WRAP_BATCH * WORLD, seed=3)
+    x, y = train.tensors
+    for step in range(WRAP_STEPS):
+        idx = sampler.global_indices(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def _untrained_loss() -> float:
+    _, test = data()
+    torch.manual_seed(0)
+    model = Net()
+    with torch.no_grad():
+        return float(
+            nn.CrossEntropyLoss(label_smoothing=0.05)(model(test.tensors[0]), test.tensors[1])
+        )
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.slow
+def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path: Path) -> None:
+    results = run_spawned(_everything, WORLD, str(tmp_path), timeout_s=60)
+    summaries = results[0]
+    start = _untrained_loss()
+    for method in METHODS:
+        summary = summaries[method]
+        final = summary["final_metrics"]
+        assert final["accuracy"] >= CHANCE + MARGIN, (method, final)
+        assert final["loss"] < start, (method, final["loss"], start)
+        assert summary["optimizer"] == "AdamW" and summary["model"] == "Net", method
+    a, b = (_weights(tmp_path / n / "model.pt") for n in ("easgd-a", "easgd-b"))
+    assert np.array_equal(a, b)
+    whole, resumed = (_weights(tmp_path / n / "model.pt") for n in ("whole", "part"))
+    assert np.array_equal(whole, resumed)
+    single = _single_process()
+    for rank in range(WORLD):
+        assert _rel(results[rank]["wrap-sync-sgd"], single) < REL_TOL
+        assert _rel(results[rank]["wrap-sync-sgd"], results[rank]["ddp"]) < REL_TOL
+        assert np.array_equal(results[rank]["wrap-easgd-a"], results[rank]["wrap-easgd-b"])
+    assert np.array_equal(results[0]["wrap-easgd-a"], results[1]["wrap-easgd-a"])
+    # The wrap loop moved the weights (a loop that did nothing would also be "deterministic").
+    assert _rel(results[0]["wrap-easgd-a"], single) > 1e-3

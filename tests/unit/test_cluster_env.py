@@ -1,0 +1,114 @@
+"""tether.init's view of each launcher: torchrun, SLURM, MPI (MPICH and Open MPI), Kubeflow.
+
+torchrun and mpiexec are also run for real (tests/entry/test_init_e2e.py); SLURM and Kubeflow are
+checked here by the variables they set."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.launch.env import DistEnv, first_host
+
+LAUNCHER_VARIABLES = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_LOCALID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_ID",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "TETHER_RUN_ID",
+    "TETHER_METHOD",
+]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
+    values = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+              "MASTER_ADDR": "n0", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
+    for key, value in values.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 8, 1, 2)
+    assert (env.master_addr, env.master_port, env.source, env.agent_store) == (
+        "n0", 29500, "torchrun", True
+    )  # fmt: skip
+
+
+def test_kubeflow_pytorchjob(clean_env: pytest.MonkeyPatch) -> None:
+    for key, value in {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0",
+                       "MASTER_PORT": "23456"}.items():  # fmt: skip
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 4, 0, 1)
+    assert (env.master_addr, env.master_port, env.source) == ("job-master-0", 23456, "kubeflow")
+
+
+def test_slurm_srun_step(clean_env: pytest.MonkeyPatch) -> None:
+    values = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "8",
+              "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "gpu[07-10],cpu1",
+              "SLURM_JOB_ID": "123456", "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}  # fmt: skip
+    for key, value in values.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 2)
+    assert (env.master_addr, env.master_port, env.source) == ("gpu07", 20000 + 3456, "slurm")
+    clean_env.setenv("MASTER_PORT", "29400")
+    assert DistEnv.detect().master_port == 29400
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"PMI_RANK": "1", "PMI_SIZE": "3", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "3"},
+        {
+            "OMPI_COMM_WORLD_RANK": "1",
+            "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+        },
+    ],
+    ids=["mpich", "openmpi"],
+)
+def test_mpi(clean_env: pytest.MonkeyPatch, values: dict[str, str]) -> None:
+    for key, value in values.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (1, 3, 1, 3)
+    assert env.source == "mpi" and env.master_port is None  # agreed on through MPI
+
+
+def test_a_lone_process(clean_env: pytest.MonkeyPatch) -> None:
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.source) == (0, 1, "none")
+
+
+def test_first_host_of_a_node_list() -> None:
+    assert first_host("node[01-04,07],gpu1") == "node01"
+    assert first_host("n[3-5]") == "n3"
+    assert first_host("host1,host2") == "host1"
+    assert first_host("single") == "single"

@@ -1,0 +1,266 @@
+"""The user's side of the step seam, in one process: losses in both forms, evaluation with the
+user's metrics, batches from any dataset, the wrapped optimizer's accumulation, the task's trip
+to the workers, the dry run, and names and import paths on the command line."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from tether.catalog import infer_shape_and_classes, task_from_config
+from tether.config import TrainConfig
+from tether.data.sharding import GlobalBatchSampler, WorkerSampler
+from tether.errors import TetherError
+from tether.imports import load_object
+from tether.methods import MethodContext, StepTimes, TrainingMethod
+from tether.metrics import accuracy
+from tether.training.batches import TrainBatches, batch_size_of, eval_batches, to_device
+from tether.training.evaluation import Evaluator
+from tether.training.method_optimizer import MethodOptimizer
+from tether.training.objective import LOSSES, Objective, split_batch
+from tether.training.probe import probe_task
+from tether.training.task import Task
+from tether.training.task_file import pickle_argument, read_task, uses_main, write_task
+
+CPU = torch.device("cpu")
+
+
+def _xy(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(n, 4, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+class DictData(Dataset):
+    """Samples as dicts, the way tokenised text usually comes."""
+
+    def __init__(self) -> None:
+        self.x, self.y = _xy()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"features": self.x[i], "label": self.y[i]}
+
+
+def dict_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return F.cross_entropy(model(batch["features"]), batch["label"])
+
+
+def vector_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def test_the_loss_comes_in_two_forms() -> None:
+    model = nn.Linear(4, 3)
+    x, y = _xy()
+    plain = Objective(nn.CrossEntropyLoss())(model, (x, y))
+    assert torch.allclose(plain.loss, F.cross_entropy(model(x), y))
+    assert plain.outputs is not None and plain.targets is y
+    batch = {"features": x, "label": y}
+    by_batch = Objective(dict_loss)(model, batch)
+    assert torch.allclose(by_batch.loss, plain.loss) and by_batch.outputs is None
+    with pytest.raises(TetherError, match=r"scalar tensor, got a tensor of shape \(12,\)"):
+        Objective(vector_loss)(model, (x, y))
+    with pytest.raises(TetherError, match=r"dict with keys \['features', 'label'\].*loss\(model"):
+        split_batch(batch)
+
+
+def test_regression_losses_match_shapes() -> None:
+    outputs, targets = torch.randn(5, 1), torch.randn(5)
+    mse = LOSSES.get("mse")(0.0)
+    assert torch.allclose(mse(outputs, targets), F.mse_loss(outputs.squeeze(1), targets))
+    smoothed = LOSSES.get("cross-entropy")(0.1)
+    assert smoothed.label_smoothing == 0.1
+
+
+def test_evaluation_averages_metrics_over_samples_and_picks_defaults() -> None:
+    model = nn.Linear(4, 3)
+    x, y = _xy(10)
+    batches = [(x[:7], y[:7]), (x[7:], y[7:])]  # unequal batches: weights by sample count
+    result = Evaluator(Objective(nn.CrossEntropyLoss()), None).evaluate(model, batches)
+    assert set(result) == {"loss", "accuracy"}  # class scores against class indices
+    expected = F.cross_entropy(model(x), y).detach()
+    assert result["loss"] == pytest.approx(float(expected), rel=1e-6)
+    assert result["accuracy"] == pytest.approx(accuracy(model(x), y))
+    regression = nn.Linear(4, 1)
+    targets = torch.randn(10)
+    mse = LOSSES.get("mse")(0.0)
+    scored = Evaluator(Objective(mse), {"mae": lambda o, t: float((o.squeeze(1) - t).abs().mean())})
+    out = scored.evaluate(regression, [(x, targets)])
+    assert set(out) == {"loss", "mae"}
+    plain = Evaluator(Objective(mse), None).evaluate(regression, [(x, targets)])
+    assert set(plain) == {"loss"}  # no accuracy for a regression
+
+
+class _Listed(Dataset):
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.data[i]
+
+
+def test_any_dataset_gives_the_same_batches_as_the_tensor_fast_path() -> None:
+    x, y = _xy(40)
+    tensors = TensorDataset(x, y)
+    sampler = GlobalBatchSampler(40, 8, seed=3)
+    fast = list(TrainBatches(tensors, sampler, 1, 2, CPU).iterate(2, 7))
+    loaded = list(TrainBatches(_Listed(tensors), sampler, 1, 2, CPU).iterate(2, 7))
+    assert len(fast) == len(loaded) == 5
+    for a, b in zip(fast, loaded, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    shares = [list(eval_batches(tensors, r, 3, 5, CPU)) for r in range(3)]
+    assert sum(batch_size_of(b) for share in shares for b in share) == 40
+    dicts = next(TrainBatches(DictData(), GlobalBatchSampler(12, 4, 0), 0, 1, CPU).iterate(0, 1))
+    assert set(dicts) == {"features", "label"} and dicts["features"].shape == (4, 4)
+    assert to_device({"a": [x[:1], (y[:1],)]}, CPU)["a"][1][0].shape == (1,)
+
+
+def test_a_workers_sampler_is_its_slice_of_each_global_batch() -> None:
+    union = []
+    for worker in range(2):
+        sampler = WorkerSampler(40, batch_size=4, worker=worker, workers=2, seed=5)
+        sampler.set_epoch(1)
+        union.append(list(sampler))
+        assert len(sampler) == len(union[-1]) == 20
+    reference = GlobalBatchSampler(40, 8, seed=5)
+    for step in range(5):
+        together = union[0][4 * step : 4 * step + 4] + union[1][4 * step : 4 * step + 4]
+        assert together == reference.global_indices(5 + step).tolist()  # epoch 1 = steps 5..9
+
+
+class _Counting(TrainingMethod):
+    """Counts the method's calls; its step is the plain local update."""
+
+    name = "counting"
+
+    def __init__(self, model: nn.Module) -> None:
+        transport = SimpleNamespace(rank=0, world_size=1)
+        context = MethodContext(TrainConfig(), transport, CPU)  # type: ignore[arg-type]
+        super().__init__(model, context, torch.optim.SGD(model.parameters(), lr=1.0))
+        self.calls: list[str] = []
+
+    def zero_grad(self) -> None:
+        self.calls.append("zero")
+        super().zero_grad()
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        self.calls.append(f"sync={enabled}")
+
+    def step(self, backward: Any, times: StepTimes) -> Any:
+        self.calls.append("step")
+        return self.local_update(backward, times)
+
+
+def test_accumulation_steps_once_on_the_mean_gradient() -> None:
+    model = nn.Linear(1, 1, bias=False)
+    model.weight.data.fill_(0.0)
+    method = _Counting(model)
+    optimizer = MethodOptimizer(method, accumulate=2)
+    for value in (1.0, 3.0):  # loss = w * value: the gradients are 1 and 3
+        optimizer.zero_grad()
+        (model(torch.tensor([[value]])).sum()).backward()
+        optimizer.step()
+    assert model.weight.item() == pytest.approx(-2.0)  # lr 1 times the mean gradient
+    # Gradients cleared once, communication only on the pass that ends the accumulation.
+    assert method.calls == ["sync=False", "zero", "sync=True", "step", "sync=False"]
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    optimizer.step()
+    optimizer.step()
+    scheduler.step()
+    assert method.optimizer.param_groups[0]["lr"] == 0.5  # a scheduler drives the wrapped one
+
+
+def build_linear() -> nn.Module:
+    return nn.Linear(4, 3)
+
+
+def _in_main() -> int:
+    return 1
+
+
+def test_objects_of_the_callers_script_are_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_in_main, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "_in_main", _in_main, raising=False)
+    assert uses_main(pickle.dumps(_in_main))
+
+
+def test_the_task_makes_the_trip_and_errors_name_the_argument(tmp_path: Path) -> None:
+    x, y = _xy()
+    task = Task(model=build_linear, train_data=TensorDataset(x, y), loss=nn.CrossEntropyLoss())
+    write_task(task, tmp_path / "task")
+    assert (tmp_path / "task").stat().st_mode & 0o077 == 0  # only the user can read it
+    back = read_task(tmp_path / "task")
+    assert isinstance(back.build_model(), nn.Linear)
+    assert torch.equal(back.train_data.tensors[0], x)  # type: ignore[attr-defined]
+    with pytest.raises(TetherError, match=r"^model cannot be sent .*top level"):
+        write_task(
+            Task(model=lambda: nn.Linear(4, 3), train_data=task.train_data, loss=task.loss),
+            tmp_path / "t",
+        )
+    with pytest.raises(TetherError, match=r"^loss cannot be sent"):
+        pickle_argument("loss", lambda o, t: o.sum())
+    assert not uses_main(pickle.dumps(task.model))
+
+
+def test_the_dry_run_catches_bad_components_in_one_line() -> None:
+    x, y = _xy()
+    data = TensorDataset(x, y)
+    probe_task(Task(model=build_linear, train_data=data, loss=nn.CrossEntropyLoss()))
+    with pytest.raises(TetherError, match="must return a scalar tensor"):
+        probe_task(Task(model=build_linear, train_data=data, loss=vector_loss))
+    with pytest.raises(TetherError, match=r"model and loss failed .*mat1 and mat2"):
+        probe_task(Task(model=lambda: nn.Linear(5, 3), train_data=data, loss=nn.CrossEntropyLoss()))
+    with pytest.raises(TetherError, match="metric 'broken' failed"):
+        probe_task(
+            Task(build_linear, data, nn.CrossEntropyLoss(), metrics={"broken": lambda o, t: 1 / 0})
+        )
+    with pytest.raises(TetherError, match="train_data is empty"):
+        probe_task(Task(build_linear, TensorDataset(x[:0], y[:0]), nn.CrossEntropyLoss()))
+
+
+def test_import_paths_resolve_on_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mytask.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "from torch.utils.data import TensorDataset\n"
+        "def build():\n    return nn.Linear(4, 2)\n"
+        "def load():\n"
+        "    x = torch.randn(16, 4); y = (x[:, 0] > 0).long()\n"
+        "    return TensorDataset(x, y), TensorDataset(x, y)\n"
+        "def halved(outputs, targets):\n"
+        "    return torch.nn.functional.cross_entropy(outputs, targets) / 2\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    config = TrainConfig(model="mytask:build", dataset="mytask:load", loss="mytask:halved",
+                         optimizer="adamw", metrics=("accuracy",), lr_schedule="cosine")  # fmt: skip
+    task = task_from_config(config)
+    assert isinstance(task.build_model(), nn.Linear) and len(task.train_data) == 16  # type: ignore[arg-type]
+    assert task.loss.__name__ == "halved"  # type: ignore[attr-defined]
+    assert isinstance(task.optimizer([nn.Parameter(torch.zeros(1))]), torch.optim.AdamW)  # type: ignore[misc]
+    assert task.scheduler is not None and task.metrics == {"accuracy": accuracy}
+    with pytest.raises(TetherError, match=r"module mytask has no attribute 'nope'"):
+        load_object("mytask:nope", "model")
+    with pytest.raises(TetherError, match=r"no module named 'nomodule'"):
+        load_object("nomodule.sub:f", "loss")
+    with pytest.raises(TetherError, match="module:attribute"):
+        load_object("mytask:", "model")
+    assert infer_shape_and_classes(task.train_data) == ((4,), 2)
+    with pytest.raises(TetherError, match="built-in model 'lenet5' needs images"):
+        task_from_config(TrainConfig(model="lenet5", dataset="mytask:load"))
