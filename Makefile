@@ -17,10 +17,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-# The mpi extra (mpi4py + MPICH) comes with the dev tools, so `make test` and CI run the MPI
-# transport's tests; `make demo` needs none of it.
+# The mpi extra (mpi4py + MPICH) and the tensorboard extra come with the dev tools, so `make test`
+# and CI run the MPI transport's and the TensorBoard log's tests; `make demo` needs none of it.
 $(VENV)/.dev-installed: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[dev,mpi]'
+	$(BIN)/python -m pip install -q -e '.[dev,mpi,tensorboard]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -16,7 +16,7 @@ loopback, with the 4.8M-parameter ``cnn`` model (one exchange = one 19 MB fp32 v
 Each variant is one ``tether train`` run (a subprocess: a fixed number of steps, ``--tau 1``,
 evaluation only once at the end) and is read back from its ``summary.json``. The variants are
 interleaved: every repeat runs all of them (order rotated each repeat), then medians are taken,
-so drift in the machine's load hits them alike (DESIGN.md convention 12).
+so drift in the machine's load hits them alike.
 
 Definitions. A round is one elastic exchange of EVERY worker with the center: for sync-easgd
 one all-reduce (``rounds`` in its summary), for original-easgd P point-to-point exchanges (its

@@ -1,6 +1,6 @@
 """Tether's synchronous SGD against PyTorch DDP, and time to 88% test accuracy, on CPU workers.
 
-Part 1, throughput, side by side in ONE spawned gloo group (DESIGN.md convention 12). Every rank
+Part 1, throughput, side by side in ONE spawned gloo group. Every rank
 builds three trainers from the same initial weights: Tether sync-sgd (fused, ``bucket_mb`` 1.0,
 the default), Tether sync-sgd unfused (``bucket_mb=0``: one all-reduce per parameter) and
 ``torch.nn.parallel.DistributedDataParallel`` with its default buckets. Same data (the same

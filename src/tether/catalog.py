@@ -90,6 +90,12 @@ def _check(name: str, registry: Any, what: str) -> None:
         registry.get(name)
 
 
+def uses_import_paths(config: TrainConfig) -> bool:
+    """Whether the run takes any of the user's own components (which get a dry run first)."""
+    names = [config.model, config.dataset, config.loss, *config.metrics]
+    return any(is_import_path(name) for name in names)
+
+
 def check_data(config: TrainConfig) -> None:
     """A built-in data set's files are present and sound (one line otherwise), before launch."""
     if not is_import_path(config.dataset):

@@ -187,7 +187,8 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tether.catalog import check_data, warn_ignored
+    from tether.catalog import check_data, task_from_config, uses_import_paths, warn_ignored
+    from tether.training.probe import probe_task
     from tether.methods import METHODS
     from tether.observe.summary import human_summary
     from tether.runner import launch_training
@@ -195,8 +196,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
     warn_ignored(config, given_keys(args))
-    # Fail on missing or corrupt data here, in one line, before any worker starts.
+    # Fail on missing or corrupt data here, in one line, before any worker starts; the user's
+    # own components also get a dry run on two samples (a loss that returns a vector, a model
+    # that does not fit the data).
     check_data(config)
+    if uses_import_paths(config):
+        probe_task(task_from_config(config))
     processes = config.workers + METHODS.get(config.method).server_processes
     print(
         f"tether: {config.method} on {config.workers} workers ({processes} processes), "

@@ -1,7 +1,7 @@
 """Run configuration: one frozen dataclass, TOML loading, ``--set key=value`` overrides, validation.
 
 A config is data only: process groups, modules and optimizers are runtime arguments, never fields
-(DESIGN.md convention 1). Variants are made with :func:`dataclasses.replace`. Every mistake a user
+. Variants are made with :func:`dataclasses.replace`. Every mistake a user
 can make here is a :class:`~tether.errors.TetherError` with a one-line message.
 
 This module is a leaf: it checks ranges and formats, not names. Which names exist (methods, models,

@@ -1,8 +1,7 @@
 """User-facing errors.
 
 A :class:`TetherError` is a mistake the user can fix (bad option, missing data, corrupt file).
-The CLI prints its message as one line and exits with code 2, without a traceback
-(DESIGN.md convention 9). Internal invariants use ``assert``; bugs stay tracebacks.
+The CLI prints its message as one line and exits with code 2, without a traceback. Internal invariants use ``assert``; bugs stay tracebacks.
 """
 
 from __future__ import annotations

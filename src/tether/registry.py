@@ -1,7 +1,7 @@
 """Name -> component registries, for the families a user picks from by name.
 
 Registries exist only where a user chooses one of a family (methods, models, datasets, and later
-collectives and compressors; DESIGN.md convention 2). A failed lookup is a :class:`TetherError`
+collectives and compressors). A failed lookup is a :class:`TetherError`
 that lists every valid name, so a typo on the command line is fixed in one go.
 """
 

@@ -1,5 +1,5 @@
 """Every collective algorithm against the naive oracle and the backend's own, on real gloo groups
-of 2, 3, 4 and 6 ranks (one spawned group per size; DESIGN.md convention 4). Six ranks add what
+of 2, 3, 4 and 6 ranks (one spawned group per size). Six ranks add what
 the smaller groups cannot: a non-power of two with two ranks folded in (halving-doubling,
 recursive doubling), and emulated nodes of 2 x 3 and 3 x 2 ranks for the hierarchical ones.
 

@@ -1,6 +1,6 @@
 """The EASGD family and the async baselines against single-process references of their math.
 
-References are a few lines of tensor math written from ALGORITHMS.md section 1, run in the test
+References are a few lines of tensor math written from the EASGD papers (Zhang et al. 2015; You et al. 2017), run in the test
 process. Deterministic methods (sync-easgd, local-sgd, original-easgd) are compared directly; for
 the first-come-first-served methods the workers pass a token so that the arrival order is known
 (1, 2, 1, 2, ...), and the exact center / weights are checked. Tolerance: 1e-6 relative (float32,
@@ -96,7 +96,7 @@ def _run(
     return out
 
 
-# -- references: ALGORITHMS.md section 1, one process -------------------------------------------
+# -- references: the EASGD papers (Zhang et al. 2015; You et al. 2017), one process -------------------------------------------
 class _Replica:
     """A flat parameter vector with its model, for computing gradients at given weights."""
 

@@ -1,6 +1,6 @@
 """hogwild-sgd and hogwild-easgd: the update rules, the sharing, and the absence of locks.
 
-ALGORITHMS.md section 1. Each test function runs ONE spawned group of 3 ranks (server + 2
+the EASGD papers (Zhang et al. 2015; You et al. 2017). Each test function runs ONE spawned group of 3 ranks (server + 2
 workers) and drives the methods by hand through several phases, each on a fresh process group:
 
 - exactness: with one worker updating, or two workers updating strictly one after the other (the
@@ -174,7 +174,7 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
     return out
 
 
-# -- references: ALGORITHMS.md section 1 in one process --------------------------------------------
+# -- references: the EASGD papers (Zhang et al. 2015; You et al. 2017) in one process --------------------------------------------
 def _reference_sgd(plan: list[int]) -> torch.Tensor:
     """Workers in turn: worker 1's steps, then worker 2's, each w -= lr*(g + wd*w)."""
     model = _model()

@@ -1,6 +1,6 @@
 """sync-sgd against its oracles: one process on the global batch, and PyTorch DDP.
 
-DESIGN.md convention 4: N-worker sync SGD must equal one process with the same global batch. All
+The oracle: N-worker sync SGD must equal one process with the same global batch. All
 variants run inside one spawned group per world size, since starting a gloo group costs seconds.
 Tolerance: 1e-5 relative (max abs difference over max abs value) after 5 momentum steps. The
 float32 sums differ only in association order between the all-reduce and the single-process mean.

@@ -92,17 +92,32 @@ def _task(**change: Any) -> Task:
 
 
 def _train(root: Path, name: str, task: Task, **change: Any) -> dict[str, Any]:
-    """One trainer run on this group; rank 0 returns its summary."""
+    """One trainer run on this group; rank 0 returns its summary, every rank where its
+    learning-rate schedule stands against the run's global step (``schedule``)."""
     method = change.get("method", "sync-sgd")
     servers = METHODS.get(method).server_processes
-    values = {"method": method, "workers": WORLD - servers, "batch_size": BATCH, "tau": 2,
-              "steps": STEPS, "eval_every": STEPS // 2, "out": str(root / name),
-              "progress": False, "timeout_s": 30.0, **change}  # fmt: skip
+    values = {
+        "method": method,
+        "workers": WORLD - servers,
+        "batch_size": BATCH,
+        "tau": 2,
+        "steps": STEPS,
+        "eval_every": STEPS // 2,
+        "out": str(root / name),
+        "progress": False,
+        "timeout_s": 30.0,
+        **change,
+    }
     runtime = WorkerRuntime(TorchTransport(), CPU, Placement(run_id=name))
-    Trainer(TrainConfig(**values), task, runtime).run()
+    trainer = Trainer(TrainConfig(**values), task, runtime)
+    trainer.run()
     dist.barrier()  # the next run's handshake must not reach this run's server
     summary = root / name / "summary.json"
-    return json.loads(summary.read_text()) if dist.get_rank() == 0 else {}
+    out = json.loads(summary.read_text()) if dist.get_rank() == 0 else {}
+    method = trainer.method
+    if method.scheduler is not None and hasattr(method, "link"):  # a worker of a server method
+        out["schedule"] = (method.scheduler.last_epoch, method.link.global_step, method.local_step)
+    return out
 
 
 def _weights(path: Path) -> np.ndarray:
@@ -153,7 +168,22 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     base = Path(root)
     out: dict[str, Any] = {}
     for method in METHODS:
-        out[method] = _train(base, method, _task(), method=method)
+        # The asynchronous methods with a schedule: it must follow the run's global step.
+        schedule = cosine if METHODS.get(method).server_processes else None
+        out[method] = _train(base, method, _task(scheduler=schedule), method=method)
+    # Accumulation: 2 backward passes of 4 per update equal one of 8 (sync-sgd, plain SGD).
+    _train(
+        base,
+        "accumulated",
+        _task(optimizer=None),
+        lr=0.1,
+        momentum=0.0,
+        batch_size=4,
+        accumulate=2,
+        steps=5,
+        eval_every=5,
+    )
+    out["accumulated"] = _weights(base / "accumulated" / "model.pt")
     # sync-easgd twice: bitwise the same weights
     for name in ("easgd-a", "easgd-b"):
         _train(base, name, _task(optimizer=None), method="sync-easgd", lr=0.4, steps=20)
@@ -184,6 +214,23 @@ def _single_process() -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
 
+def _single_process_accumulated() -> np.ndarray:
+    """sync-sgd with batch 4 x 3 workers and 2 passes per update = one process on the union
+    of two consecutive global batches of 12."""
+    train, _ = data()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = GlobalBatchSampler(len(train), 4 * WORLD, seed=0)
+    x, y = train.tensors
+    for step in range(5):
+        idx = torch.cat([sampler.global_indices(2 * step), sampler.global_indices(2 * step + 1)])
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()]).numpy()
+
+
 def _untrained_loss() -> float:
     _, test = data()
     torch.manual_seed(0)
@@ -209,6 +256,11 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
         assert final["accuracy"] >= CHANCE + MARGIN, (method, final)
         assert final["loss"] < start, (method, final["loss"], start)
         assert summary["optimizer"] == "AdamW" and summary["model"] == "Net", method
+    for method in ("original-easgd", "async-easgd", "async-measgd"):
+        for rank in range(1, WORLD):  # the schedule stands at the global step the server sent
+            position, global_step, own = results[rank][method]["schedule"]
+            assert position == global_step and global_step > 0, (method, rank, position, own)
+    assert _rel(results[0]["accumulated"], _single_process_accumulated()) < REL_TOL
     a, b = (_weights(tmp_path / n / "model.pt") for n in ("easgd-a", "easgd-b"))
     assert np.array_equal(a, b)
     whole, resumed = (_weights(tmp_path / n / "model.pt") for n in ("whole", "part"))

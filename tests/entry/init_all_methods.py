@@ -56,8 +56,14 @@ def main() -> None:
         with torch.no_grad():
             accuracy = float((final(data.tensors[0]).argmax(1) == data.tensors[1]).float().mean())
             checksum = float(sum(p.double().sum() for p in final.parameters()))
-        record = {"method": method, "rank": ctx.rank, "role": "worker", "steps": steps,
-                  "accuracy": accuracy, "checksum": checksum}  # fmt: skip
+        record = {
+            "method": method,
+            "rank": ctx.rank,
+            "role": "worker",
+            "steps": steps,
+            "accuracy": accuracy,
+            "checksum": checksum,
+        }
         emit(record)
         ctx.finish()
 

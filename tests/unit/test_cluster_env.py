@@ -48,20 +48,34 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
-    values = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-              "MASTER_ADDR": "n0", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
+    values = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "n0",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
     for key, value in values.items():
         clean_env.setenv(key, value)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 8, 1, 2)
     assert (env.master_addr, env.master_port, env.source, env.agent_store) == (
-        "n0", 29500, "torchrun", True
-    )  # fmt: skip
+        "n0",
+        29500,
+        "torchrun",
+        True,
+    )
 
 
 def test_kubeflow_pytorchjob(clean_env: pytest.MonkeyPatch) -> None:
-    for key, value in {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0",
-                       "MASTER_PORT": "23456"}.items():  # fmt: skip
+    for key, value in {
+        "RANK": "2",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+    }.items():
         clean_env.setenv(key, value)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 4, 0, 1)
@@ -69,9 +83,15 @@ def test_kubeflow_pytorchjob(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_slurm_srun_step(clean_env: pytest.MonkeyPatch) -> None:
-    values = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "8",
-              "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "gpu[07-10],cpu1",
-              "SLURM_JOB_ID": "123456", "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}  # fmt: skip
+    values = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NODELIST": "gpu[07-10],cpu1",
+        "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+    }
     for key, value in values.items():
         clean_env.setenv(key, value)
     env = DistEnv.detect()

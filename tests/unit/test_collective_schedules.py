@@ -1,5 +1,5 @@
 """Collective schedules as data, without processes: shapes, what they compute, and their cost
-against the closed forms of ALGORITHMS.md section 2."""
+against the closed forms of docs/communication.md."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_costs_match_the_closed_forms(world: int, n: float) -> None:
     assert hd == pytest.approx(inner + fold, rel=1e-12)
     rd = math.log2(p2) * (A + n * B + n * G) + fold
     assert cost(recursive_doubling_all_reduce(p), n, A, B, G) == pytest.approx(rd, rel=1e-12)
-    if p == p2:  # the formulas of ALGORITHMS.md, stated for powers of two
+    if p == p2:  # the closed forms (docs/communication.md), stated for powers of two
         assert hd == pytest.approx(2 * log * A + 2 * frac * n * B + frac * n * G, rel=1e-12)
         assert rd == pytest.approx(log * (A + n * B + n * G), rel=1e-12)
     reduce = cost(binomial_reduce(p, p - 1), n, A, B, G)

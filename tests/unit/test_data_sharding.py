@@ -1,4 +1,4 @@
-"""GlobalBatchSampler and shard_range: the worker-count-independence property of DESIGN.md."""
+"""GlobalBatchSampler and shard_range: the worker-count-independence property."""
 
 from __future__ import annotations
 

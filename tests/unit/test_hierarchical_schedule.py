@@ -1,5 +1,5 @@
 """The hierarchical (two-level) schedules: what they compute for every split of ranks into nodes,
-and that they move fewer bytes across nodes than the flat ring (ALGORITHMS.md section 2)."""
+and that they move fewer bytes across nodes than the flat ring (docs/communication.md)."""
 
 from __future__ import annotations
 

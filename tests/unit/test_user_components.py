@@ -184,6 +184,15 @@ def test_accumulation_steps_once_on_the_mean_gradient() -> None:
     assert method.optimizer.param_groups[0]["lr"] == 0.5  # a scheduler drives the wrapped one
 
 
+def test_an_asynchronous_schedule_moves_to_the_global_step_and_never_back() -> None:
+    method = _Counting(nn.Linear(1, 1))
+    method.scheduler = torch.optim.lr_scheduler.LambdaLR(method.optimizer, lambda s: 0.5**s)
+    method.advance_schedule(3)
+    assert method.scheduler.last_epoch == 3 and method.optimizer.param_groups[0]["lr"] == 0.125
+    method.advance_schedule(2)  # a late reply with an older global step changes nothing
+    assert method.scheduler.last_epoch == 3
+
+
 def build_linear() -> nn.Module:
     return nn.Linear(4, 3)
 
@@ -248,8 +257,14 @@ def test_import_paths_resolve_on_the_working_directory(
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    config = TrainConfig(model="mytask:build", dataset="mytask:load", loss="mytask:halved",
-                         optimizer="adamw", metrics=("accuracy",), lr_schedule="cosine")  # fmt: skip
+    config = TrainConfig(
+        model="mytask:build",
+        dataset="mytask:load",
+        loss="mytask:halved",
+        optimizer="adamw",
+        metrics=("accuracy",),
+        lr_schedule="cosine",
+    )
     task = task_from_config(config)
     assert isinstance(task.build_model(), nn.Linear) and len(task.train_data) == 16  # type: ignore[arg-type]
     assert task.loss.__name__ == "halved"  # type: ignore[attr-defined]

@@ -195,10 +195,12 @@ def _config(
 def _target(target: Any) -> str:
     if isinstance(target, str):
         return target
-    if isinstance(target, tuple | list) and len(target) == 2:
-        return target_text(str(target[0]), float(target[1]))
-    if isinstance(target, tuple | list) and len(target) == 3 and target[1] in (">=", "<="):
-        return target_text(str(target[0]), float(target[2]), above=target[1] == ">=")
+    value = target[-1] if isinstance(target, tuple | list) and target else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if len(target) == 2:
+            return target_text(str(target[0]), float(value))
+        if len(target) == 3 and target[1] in (">=", "<="):
+            return target_text(str(target[0]), float(value), above=target[1] == ">=")
     raise TetherError(
         f"target must be (metric, value), (metric, '>=' or '<=', value) or 'metric>=value', "
         f"got {target!r}"

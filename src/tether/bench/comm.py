@@ -2,7 +2,7 @@
 
 In the style of the OSU micro-benchmarks (``osu_allreduce`` and friends: a size sweep, warm-up,
 then the average of a timed loop) and of nccl-tests, whose reporting conventions we follow
-(nccl-tests ``doc/PERFORMANCE.md``; ALGORITHMS.md section 2):
+(nccl-tests ``doc/PERFORMANCE.md``; docs/communication.md):
 
 * ``algbw = bytes / time``, with GB = 1e9 bytes, where bytes is the size of the buffer the
   collective works on (for all-gather, the whole gathered output, as nccl-tests prints it);
@@ -18,7 +18,7 @@ done when its slowest rank is), and the reported time is the **median over repea
 the other tenants of a shared machine). Large messages get fewer repeats so that a default sweep
 stays short. Sizes run in the outer loop, and at each size the repeats are interleaved across the
 algorithms (repeat 1 of every algorithm, then repeat 2, ...), so a slow spell of the machine hits
-every algorithm of a size alike and the ``vs native`` ratios stay fair (DESIGN.md convention 12:
+every algorithm of a size alike and the ``vs native`` ratios stay fair (
 ratios measured side by side in one run).
 
 Before it is timed, each algorithm runs once per size on inputs of small integers, whose float32

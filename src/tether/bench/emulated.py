@@ -2,7 +2,7 @@
 links, optionally shaped with tbf (:mod:`tether.launch.netns`), one torchrun job across them.
 
 This is how `tether bench comm --nodes 2 --link-mbit 1000` measures what a two-level machine
-does to the algorithms (ALGORITHMS.md section 2: a hierarchical all-reduce sends n/G bytes per
+does to the algorithms (docs/communication.md: a hierarchical all-reduce sends n/G bytes per
 rank over the slow links where a flat ring sends 2(P-1)/P*n) without renting one. Needs root and
 ``ip``/``tc``; the one-line error says why where they are missing.
 """

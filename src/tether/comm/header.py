@@ -1,7 +1,7 @@
 """The fixed message header of Tether's point-to-point protocol.
 
 Every point-to-point message (parameter-server pushes and pulls, EASGD exchanges, handshakes) is a
-header followed by a payload of raw tensor bytes. No pickle crosses the wire (DESIGN.md). The header
+header followed by a payload of raw tensor bytes. No pickle crosses the wire. The header
 is six int64 words: ``magic, kind, sender, step, length, dtype``. A receiver checks every field
 before it receives the payload, so a confused or hostile peer produces a clear error rather than a
 receive into a buffer of the wrong size (which aborts a gloo process).

@@ -8,7 +8,7 @@ which is the same on every rank (the collective-ordering contract). Only our poi
 tags ever travel on that thread: the backend's collectives are always issued from the caller's
 thread, so their order across ranks cannot be changed by thread scheduling.
 
-Reduced-precision wire formats (ALGORITHMS.md section 2; Jia et al. 2018): the vector is divided
+Reduced-precision wire formats (docs/communication.md; Jia et al. 2018): the vector is divided
 by P in its own precision, cast to fp16 or bf16, summed on the wire, and cast back. Dividing
 first means the fp16 sum of P values is bounded by the largest of them, so it overflows only if
 an input already does (65504 is fp16's largest value); bf16 has fp32's range but 8 bits of

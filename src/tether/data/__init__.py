@@ -1,6 +1,6 @@
 """Data sets and sharding: IDX (MNIST, Fashion-MNIST), CIFAR-10 binary, sklearn digits, synthetic.
 
-Real data are read from standard files and never downloaded at run time (DESIGN.md, "Data").
+Real data are read from standard files and never downloaded at run time.
 """
 
 from tether.data.dataset import ArrayDataset

@@ -1,6 +1,6 @@
 """Deterministic sharding of the training set across workers.
 
-The property (DESIGN.md, "Data"): with global batch B split over W workers, the union of the
+The property: with global batch B split over W workers, the union of the
 workers' batches at each step is the same set of samples whatever W is. So an N-worker synchronous
 run sees exactly the samples a one-process run with batch B sees, step for step, which is what
 lets the tests compare them and lets benchmarks compare worker counts fairly.

@@ -5,7 +5,7 @@ through the standard variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, 
 MASTER_PORT). ``tether.init`` also finds its place under the other launchers a user's own script
 runs under (:meth:`DistEnv.detect`): SLURM's ``srun``, MPI's ``mpiexec`` (MPICH/Hydra and Open
 MPI) and Kubeflow's PyTorchJob, as Lightning's cluster environments do. Everything else in Tether
-receives these values as arguments (DESIGN.md convention 8).
+receives these values as arguments.
 """
 
 from __future__ import annotations

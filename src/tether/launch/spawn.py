@@ -1,6 +1,6 @@
 """Run a function in a fresh gloo process group: the one spawn helper for tests and benchmarks.
 
-Every multi-process test goes through :func:`run_spawned` (DESIGN.md convention 5): gloo on
+Every multi-process test goes through :func:`run_spawned`: gloo on
 127.0.0.1 with a free port, a short timeout, one thread per process, the child's traceback re-raised
 in the parent, the group destroyed in ``finally``. A child that dies without reporting or a group
 that outlives its deadline is an error, never a hang.

@@ -68,7 +68,7 @@ class StepTimes:
 
 @dataclass(frozen=True)
 class Placement:
-    """Facts about where this process runs, from the launcher (DESIGN.md convention 8: only
+    """Facts about where this process runs, from the launcher (only
     :mod:`tether.launch.env` reads the environment; everything else gets these as values)."""
 
     local_world_size: int | None = None  # ranks on this node; None: every rank is on this node
@@ -81,7 +81,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class MethodContext:
-    """Runtime objects a method is built with (never part of a config: DESIGN.md convention 1)."""
+    """Runtime objects a method is built with (never part of a config)."""
 
     config: TrainConfig
     transport: TorchTransport

@@ -114,6 +114,8 @@ class ServerMethod(TrainingMethod):
         return self._eval_copy
 
     def result(self, **extra: Any) -> ServeResult:
+        """What the server reports once serving is over (called at the end of every serve)."""
+        self.server.settle()
         state = self.server.state
         return ServeResult(state.totals, state.global_step(), dict(state.lost), extra)
 

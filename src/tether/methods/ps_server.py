@@ -84,6 +84,7 @@ class ServerEndpoint:
         self.state = ServerState(workers=list(range(1, transport.world_size)))
         self._events: queue.Queue = queue.Queue()
         self._receiving = False
+        self._threads: dict[int | None, threading.Thread] = {}  # watch threads by rank; receiver
         # Liveness of workers that are alive but silent (FCFS only): when each last sent to us
         # (receiver thread) and when we last replied to it.
         self.silence_timeout_s = silence_timeout_s
@@ -112,7 +113,9 @@ class ServerEndpoint:
             self.transport.send_message(initial, rank, MessageKind.PARAMS)
             self._replied[rank] = time.monotonic()
         for rank in self.state.workers:
-            threading.Thread(target=self._watch, args=(rank,), daemon=True).start()
+            watcher = threading.Thread(target=self._watch, args=(rank,), daemon=True)
+            self._threads[rank] = watcher
+            watcher.start()
 
     def _watch(self, rank: int) -> None:
         try:
@@ -158,7 +161,8 @@ class ServerEndpoint:
     def _start_receiving(self) -> None:
         if not self._receiving:
             self._receiving = True
-            threading.Thread(target=self._receive_any, daemon=True).start()
+            self._threads[None] = threading.Thread(target=self._receive_any, daemon=True)
+            self._threads[None].start()
 
     def _next_event(self, timeout: float | None) -> Message | None:
         """The next data message, after book-keeping any goodbye, loss or protocol error;
@@ -237,6 +241,16 @@ class ServerEndpoint:
     def _mark_lost(self, event: WorkerLost) -> None:
         if event.rank not in self.state.stopped and event.rank not in self.state.lost:
             self.state.lost[event.rank] = event.reason
+
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait (up to ``timeout_s`` in all) for the threads that are about to end: the receiver
+        and the watch of every worker that said goodbye, whose second STOP may still be in
+        flight. A process group destroyed under a thread inside a receive can abort the process
+        at exit. (A hung worker's watch never ends; it is left as a daemon.)"""
+        deadline = time.monotonic() + timeout_s
+        for key, thread in self._threads.items():
+            if key is None or key in self.state.stopped:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:

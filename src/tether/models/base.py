@@ -1,7 +1,7 @@
 """The model registry, the builder protocol and small helpers shared by every reference model.
 
 A model builder takes the input shape ``(C, H, W)`` and the number of classes and returns a plain
-``torch.nn.Module`` (DESIGN.md: Tether wraps models, it does not replace them). Builders never
+``torch.nn.Module`` (Tether wraps models, it does not replace them). Builders never
 seed: the caller calls ``torch.manual_seed`` first, so that every worker builds identical
 parameters and a run is reproducible.
 

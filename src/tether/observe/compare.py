@@ -53,7 +53,7 @@ def time_to_target(summary: dict[str, Any], target: float) -> float | None:
 
 
 def row_from_summary(summary: dict[str, Any], target: float, run_dir: Path | str) -> Row:
-    """One comparison row from a finished run's summary (see DESIGN.md, "The run directory")."""
+    """One comparison row from a finished run's summary (see the run directory contract in README.md)."""
     return {
         "method": summary["method"],
         "status": "ok",

@@ -1,4 +1,4 @@
-"""summary.json (the run-directory contract of DESIGN.md) and the short human summary."""
+"""summary.json (the run-directory contract, README.md "The run directory") and the short human summary."""
 
 from __future__ import annotations
 
@@ -39,20 +39,39 @@ def _lost_worker(entry: dict[str, Any]) -> str:
     return f"rank {entry.get('rank')}{f' at {when}' if when else ''} ({entry.get('reason', '?')})"
 
 
+def _metrics_line(summary: dict[str, Any]) -> str:
+    """``test accuracy 82.54%  test loss 0.4786`` (and any other metric), or that there was
+    no evaluation."""
+    metrics = dict(summary.get("final_metrics") or {})
+    if not metrics:
+        accuracy, loss = summary.get("final_test_accuracy"), summary.get("final_test_loss")
+        metrics = {k: v for k, v in (("accuracy", accuracy), ("loss", loss)) if v is not None}
+    if not metrics:
+        return "  no evaluation (no evaluation data)"
+    parts = []
+    if "accuracy" in metrics:
+        parts.append(f"test accuracy {metrics.pop('accuracy'):.2%}")
+    if "loss" in metrics:
+        parts.append(f"test loss {metrics.pop('loss'):.4f}")
+    parts += [f"{name} {value:.4g}" for name, value in metrics.items()]
+    return "  " + "  ".join(parts)
+
+
 def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
-    target = summary.get("target_accuracy")
+    target = summary.get("target")
+    if target is None and summary.get("target_accuracy") is not None:
+        target = f"accuracy>={summary['target_accuracy']:.2%}"
     reached = summary.get("time_to_target_s")
     lines = [
         f"{summary['method']} on {summary['workers']} workers, {summary['model']} / "
         f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
-        f"  test accuracy {summary['final_test_accuracy']:.2%}  test loss "
-        f"{summary['final_test_loss']:.4f}",
+        _metrics_line(summary),
         f"  wall time {summary['wall_time_s']:.1f} s  ({summary['samples_per_s']:.0f} samples/s)",
         f"  communication share {summary['comm_fraction']:.1%} of worker time (not hidden)",
     ]
     if target is not None:
         when = f"after {reached:.1f} s" if reached is not None else "not reached"
-        lines.append(f"  target accuracy {target:.2%}: {when}")
+        lines.append(f"  target {target}: {when}")
     lost = summary.get("lost_workers") or []
     if lost:
         lines.append(

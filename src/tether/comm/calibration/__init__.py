@@ -1,7 +1,7 @@
 """The calibration of the collectives on the running transport: what ``auto`` chooses by and
 what ``tether bench comm`` predicts with.
 
-ALGORITHMS.md section 2: a message of n bytes costs ``a + n*b`` and reducing n bytes ``n*g``.
+docs/communication.md: a message of n bytes costs ``a + n*b`` and reducing n bytes ``n*g``.
 The calibration measures these where our algorithms will run, through the same point-to-point
 ``exchange`` the schedule runner uses (so ``a`` includes the per-message software overhead our
 runner pays, as Hockney's model intends): ``a`` is the one-way time of a 4-byte ping-pong,

@@ -2,7 +2,7 @@
 
 Pick one by name from :data:`COLLECTIVES`; every algorithm has the same interface
 (:class:`Collective`: ``all_reduce``, ``broadcast``, ``reduce`` where it implements them, and
-``schedule``). Costs and closed forms: ALGORITHMS.md section 2.
+``schedule``). Costs and closed forms: docs/communication.md.
 """
 
 from tether.comm.collectives.base import Collective, run_schedule

@@ -4,7 +4,7 @@ Thakur, Rabenseifner and Gropp 2005, "Optimization of collective communication o
 MPICH" (IJHPCA 19(1)), sections 3-4. With ranks renumbered relative to the root, in reduce round
 k the rank whose lowest set bit is bit k sends its partial result to ``rel - 2^k``; broadcast runs
 the same tree top down. Each takes ``ceil(log2 P)`` rounds: ``ceil(log2 P)*(a + n*b [+ n*g])``
-(ALGORITHMS.md section 2; the tree of the paper's sync EASGD). The result is reduced at the root
+(docs/communication.md; the tree of the paper's sync EASGD). The result is reduced at the root
 and copied out, so an all-reduce ends bitwise identical on all ranks.
 
 All-gather is a gather up the same tree to rank 0 (in round k the rank ``rel`` with lowest set

@@ -2,8 +2,7 @@
 chain root -> root+1 -> ... forwards chunk k while it receives chunk k+1.
 
 The pipelined chain of MVAPICH2-GDR / OSU-Caffe (Awan et al. 2017, "S-Caffe: co-designing MPI
-runtimes and Caffe for scalable deep learning on modern GPU clusters", PPoPP; ALGORITHMS.md
-section 2, seed 002). Chunk k crosses hop j in round k + j, so the broadcast takes ``P - 2 + C``
+runtimes and Caffe for scalable deep learning on modern GPU clusters", PPoPP; docs/communication.md). Chunk k crosses hop j in round k + j, so the broadcast takes ``P - 2 + C``
 rounds of ``a + n/C*b``; :func:`choose_chunks` picks C minimising that, which approaches ``n*b``
 for large n, against ``ceil(log2 P)*n*b`` for a binomial tree.
 """

@@ -1,7 +1,7 @@
 """Hierarchical (two-level) all-reduce and broadcast for ranks grouped into nodes.
 
-Jia et al. 2018 ("Highly scalable deep learning training system with mixed-precision", seed 004:
-the "hybrid" all-reduce) and Horovod's hierarchical all-reduce; ALGORITHMS.md section 2. Ranks
+Jia et al. 2018 ("Highly scalable deep learning training system with mixed-precision":
+the "hybrid" all-reduce) and Horovod's hierarchical all-reduce; docs/communication.md. Ranks
 are grouped into N nodes of G consecutive ranks (rank = node*G + local rank, as torchrun and SLURM
 place them); links inside a node are fast, links between nodes slow.
 

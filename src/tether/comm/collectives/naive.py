@@ -3,7 +3,7 @@
 All-reduce is a reduce to rank 0 followed by a broadcast from it; a reduce receives the P-1
 contributions one per round in rank order, a broadcast sends P-1 copies one per round. This is
 the baseline the tree and ring algorithms improve on: ``(P-1)(a + n*b [+ n*g])`` per phase
-(ALGORITHMS.md sections 1 and 2; Thakur, Rabenseifner and Gropp 2005 use it as the reference
+(docs/communication.md; Thakur, Rabenseifner and Gropp 2005 use it as the reference
 point). Its summation order ``((x_root + x_a) + x_b) + ...`` is fixed and easy to reason about.
 All-gather is a gather to rank 0 (each rank's chunk, one per round) followed by a broadcast of
 the whole vector: ``(P-1)(a + n/P*b) + (P-1)(a + n*b)``.

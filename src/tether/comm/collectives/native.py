@@ -1,7 +1,6 @@
 """The backend's built-in collectives (gloo on CPU, NCCL on GPU) behind the same interface.
 
-The reference the hand-written algorithms are tested and benchmarked against (DESIGN.md
-convention 4). ``avg`` is a sum then a division on every backend (gloo has no AVG op). What the
+The reference the hand-written algorithms are tested and benchmarked against. ``avg`` is a sum then a division on every backend (gloo has no AVG op). What the
 backend does inside is not visible, so ``native`` has no schedule.
 """
 

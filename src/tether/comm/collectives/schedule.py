@@ -1,6 +1,6 @@
 """Collectives as data: a schedule of point-to-point steps, its alpha-beta-gamma cost, a simulator.
 
-Every algorithm in this package is one :class:`Schedule` (DESIGN.md convention 6): the executor
+Every algorithm in this package is one :class:`Schedule`: the executor
 in :mod:`tether.comm.collectives.base` runs it over torch.distributed, :func:`cost` prices it and
 :func:`simulate` runs it on plain tensors, so tests, the cost model and the simulator share one
 definition.
@@ -134,7 +134,7 @@ def cost(
 ) -> float:
     """Alpha-beta-gamma time of ``schedule`` for a vector of ``n_bytes`` bytes (seconds if the
     parameters are): each round costs its most expensive step, chunks are ``n/chunks`` bytes
-    exactly (no rounding), so the result is the closed form of ALGORITHMS.md section 2.
+    exactly (no rounding), so the result is the closed form (docs/communication.md).
 
     With ``inter``, steps between nodes use its alpha and beta, and the steps of one round that
     leave (or enter) the same node share its link: they cost ``alpha + (sum of their bytes)*beta``

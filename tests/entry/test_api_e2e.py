@@ -1,0 +1,391 @@
+"""The user's API end to end: ``tether.fit`` from a script, ``tether.init`` under torchrun and
+mpiexec for all ten methods, ``tether launch``, import paths on the command line, the examples,
+and bad input refused in one line before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import tether
+from tests.conftest import requires_fashion_mnist, run_cli
+from tether.data.sharding import GlobalBatchSampler
+from tether.errors import TetherError
+from tether.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+VENV_BIN = Path(sys.executable).parent
+ALL_METHODS = ",".join(METHODS.names())
+CHANCE = 0.1  # ten digit classes
+REL_TOL = 1e-5
+
+
+def _run(command: list[str], timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
+    )
+
+
+def _records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _check_all_methods(stdout: str, processes: int) -> None:
+    records = _records(stdout)
+    for method in METHODS.names():
+        mine = [r for r in records if r["method"] == method]
+        servers = METHODS.get(method).server_processes
+        assert len(mine) == processes, (method, mine)
+        assert sum(r["role"] == "server" for r in mine) == servers, (method, mine)
+        workers = [r for r in mine if r["role"] == "worker"]
+        for record in workers:
+            # 40 steps of 16 samples: far from converged, far above chance.
+            assert record["accuracy"] > 3 * CHANCE, record
+        if not servers:  # replicated methods evaluate the same model on every rank
+            assert len({r["checksum"] for r in workers}) == 1, (method, workers)
+
+
+@pytest.mark.slow
+def test_every_method_through_init_under_torchrun() -> None:
+    script = str(ROOT / "tests/entry/init_all_methods.py")
+    torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", script, ALL_METHODS]
+    result = _run(torchrun)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_all_methods(result.stdout, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpiexec", path=str(VENV_BIN)) is None, reason="no mpiexec")
+def test_every_method_through_init_under_mpiexec() -> None:
+    script = str(ROOT / "tests/entry/init_all_methods.py")
+    mpiexec = [str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, script, ALL_METHODS]
+    result = _run(mpiexec)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_all_methods(result.stdout, 3)
+
+
+# -- tether.fit ----------------------------------------------------------------------------------
+def data() -> tuple[TensorDataset, TensorDataset]:
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(256, 6, generator=gen)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def momentum_sgd(params):  # type: ignore[no-untyped-def]
+    return torch.optim.SGD(params, lr=0.2, momentum=0.9)
+
+
+def _single_process(steps: int, per_worker: int, workers: int) -> torch.Tensor:
+    train, _ = data()
+    torch.manual_seed(0)  # fit seeds with the run's seed (0) before building the model
+    model = Tiny()
+    opt = momentum_sgd(model.parameters())
+    sampler = GlobalBatchSampler(len(train), per_worker * workers, seed=0)
+    x, y = train.tensors
+    for step in range(steps):
+        idx = sampler.global_indices(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.slow
+def test_fit_sync_sgd_equals_one_process_and_sync_easgd_is_bitwise(tmp_path: Path) -> None:
+    train, test = data()
+    result = tether.fit(
+        model=Tiny,
+        train_data=train,
+        eval_data=test,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=momentum_sgd,
+        method="sync-sgd",
+        workers=2,
+        batch_size=8,
+        steps=10,
+        eval_every=5,
+        log="tensorboard",
+        out=tmp_path / "sgd",
+    )
+    fitted = torch.cat([p.detach().reshape(-1) for p in result.model.parameters()])
+    reference = _single_process(steps=10, per_worker=8, workers=2)
+    assert float((fitted - reference).abs().max() / reference.abs().max()) < REL_TOL
+    assert result.summary["steps"] == 10 and result.summary["model"] == "Tiny"
+    assert result.history and result.history[-1]["test_accuracy"] > 0.7
+    events = EventAccumulator(str(tmp_path / "sgd" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
+    assert [e.step for e in events.Scalars("test/accuracy")] == [5, 10]
+    runs = [
+        tether.fit(
+            model=Tiny,
+            train_data=train,
+            eval_data=test,
+            method="sync-easgd",
+            workers=2,
+            batch_size=8,
+            steps=12,
+            out=tmp_path / f"easgd-{i}",
+        )
+        for i in range(2)
+    ]
+    a, b = (torch.cat([p.reshape(-1) for p in r.model.parameters()]) for r in runs)
+    assert torch.equal(a, b) and not torch.equal(a, runs[0].model.fc.weight.new_zeros(a.shape))
+
+
+def test_fit_refuses_bad_input_before_any_worker_starts(tmp_path: Path) -> None:
+    train, test = data()
+
+    def vector(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets, reduction="none")
+
+    cases = [
+        ({"model": lambda: Tiny()}, r"^model cannot be sent to the worker processes"),
+        ({"loss": vector}, r"the loss must return a scalar tensor"),
+        ({"method": "nope"}, r"unknown method 'nope'"),
+        ({"target": ("accuracy", "high")}, r"target must be"),
+        ({"train_data": "digits", "eval_data": test}, r"brings its own evaluation split"),
+        ({"optimizer": "nope"}, r"valid optimizers"),
+    ]
+    for change, message in cases:
+        arguments = {"model": Tiny, "train_data": train, "eval_data": test, **change}
+        with pytest.raises(TetherError, match=message):
+            tether.fit(**arguments, out=tmp_path / "never")  # type: ignore[arg-type]
+        assert not (tmp_path / "never" / "summary.json").exists()
+
+
+# -- the command line takes the user's components --------------------------------------------------
+USER_MODULE = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def build():
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def load():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 4, generator=gen)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0]) + 0.1 * torch.randn(512, generator=gen)
+    return TensorDataset(x[:384], y[:384]), TensorDataset(x[384:], y[384:])
+
+
+def within_half(outputs, targets):
+    return float(((outputs.squeeze(1) - targets).abs() < 0.5).float().mean())
+
+
+def per_sample(outputs, targets):
+    return (outputs.squeeze(1) - targets) ** 2
+"""
+
+
+@pytest.mark.slow
+def test_cli_trains_the_users_components_by_import_path(tmp_path: Path) -> None:
+    (tmp_path / "mytask.py").write_text(USER_MODULE)
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--method",
+        "local-sgd",
+        "--workers",
+        "2",
+        "--model",
+        "mytask:build",
+        "--dataset",
+        "mytask:load",
+        "--loss",
+        "mse",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "5",
+        "--metric",
+        "mae",
+        "--metric",
+        "mytask:within_half",
+        "--steps",
+        "60",
+        "--target",
+        "loss<=0.5",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    result = _run([sys.executable, "-m", "tether", *args], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    final = summary["final_metrics"]
+    assert set(final) == {"loss", "mae", "within_half"}
+    assert final["loss"] < 0.5 and summary["time_to_target_s"] is not None
+    assert summary["optimizer"] == "AdamW" and summary["lr_schedule"] == "LambdaLR"
+    assert summary["final_test_accuracy"] is None  # a regression has no accuracy
+    assert "test loss" in result.stdout and "mae" in result.stdout
+
+
+def test_cli_refuses_a_bad_import_path_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "mytask.py").write_text(USER_MODULE)
+    for option, value, message in (
+        ("--model", "mytask:nope", "module mytask has no attribute 'nope'"),
+        ("--dataset", "missing_module:load", "no module named 'missing_module'"),
+        ("--loss", "mytask", "unknown loss 'mytask'; valid losses"),
+        ("--loss", "mytask:per_sample", "must return a scalar tensor, got a tensor of shape"),
+    ):
+        command = [sys.executable, "-m", "tether", "train", option, value]
+        if value == "mytask:per_sample":  # the dry run needs the user's model and data too
+            command += ["--model", "mytask:build", "--dataset", "mytask:load"]
+        result = _run(command, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_a_setting_the_method_ignores_is_named(tmp_path: Path) -> None:
+    # The warnings come before the data check, which fails here: nothing is launched.
+    result = run_cli(
+        "train",
+        "--method",
+        "sync-easgd",
+        "--momentum",
+        "0.5",
+        "--staleness-bound",
+        "3",
+        "--data-dir",
+        str(tmp_path / "nothing"),
+    )
+    assert result.returncode == 2
+    assert "warning: sync-easgd ignores momentum" in result.stderr
+    assert "warning: sync-easgd ignores staleness_bound (it applies to async-sgd" in result.stderr
+
+
+# -- tether launch and the examples ----------------------------------------------------------------
+LOSING_SCRIPT = """
+import os, signal, sys
+import torch
+import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+import tether
+
+ctx = tether.init()
+torch.manual_seed(0)
+net = nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(60):
+    if ctx.rank == 2 and step == 10:
+        os.kill(os.getpid(), signal.SIGKILL)  # this worker dies; the run goes on without it
+    opt.zero_grad()
+    F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+    opt.step()
+print(f"worker rank {ctx.rank} finished", flush=True)
+ctx.finish()
+"""
+
+
+@pytest.mark.slow
+def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "losing.py"
+    script.write_text(LOSING_SCRIPT)
+    command = [
+        sys.executable,
+        "-m",
+        "tether",
+        "launch",
+        "--workers",
+        "2",
+        "--method",
+        "async-easgd",
+        str(script),
+    ]
+    result = _run(command, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "worker rank 1 finished" in result.stdout
+    assert "worker rank 2 finished" not in result.stdout
+    assert re.search(r"worker rank 2 lost .*SIGKILL", result.stderr), result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_example_tabular_classifier(tmp_path: Path) -> None:
+    result = _run([sys.executable, str(EXAMPLES / "tabular_classifier.py"), "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert accuracy >= 0.9, result.stdout  # the majority class is 63%
+    again = float(re.search(r"recomputed here: ([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert again == pytest.approx(accuracy, abs=1e-3)  # the returned model is the evaluated one
+
+
+@pytest.mark.slow
+def test_example_regression(tmp_path: Path) -> None:
+    result = _run([sys.executable, str(EXAMPLES / "regression.py"), "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    match = re.search(
+        r"mean absolute error ([0-9.]+) \(predicting the mean: ([0-9.]+)\)", result.stdout
+    )
+    assert match is not None, result.stdout
+    assert float(match.group(1)) < 0.8 * float(match.group(2))
+
+
+@pytest.mark.slow
+@requires_fashion_mnist
+def test_example_own_loop_under_torchrun() -> None:
+    script = str(EXAMPLES / "fashion_mnist_loop.py")
+    result = _run([str(VENV_BIN / "torchrun"), "--nproc-per-node", "2", script, "--steps", "200"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert accuracy >= 0.6, result.stdout  # ten classes: chance is 10%
+
+
+@pytest.mark.slow
+def test_example_parameter_server_loop() -> None:
+    script = str(EXAMPLES / "parameter_server_loop.py")
+    command = [
+        sys.executable,
+        "-m",
+        "tether",
+        "launch",
+        "--workers",
+        "2",
+        "--method",
+        "async-sgd",
+        script,
+    ]
+    result = _run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = [float(s) for s in re.findall(r"score ([0-9.]+)", result.stdout)]
+    assert len(scores) == 2 and min(scores) >= 0.6, result.stdout
+
+
+def test_examples_are_the_ones_the_docs_name() -> None:
+    docs = (ROOT / "docs" / "api.md").read_text()
+    for example in sorted(EXAMPLES.glob("*.py")):
+        assert f"examples/{example.name}" in docs, example.name
