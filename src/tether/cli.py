@@ -188,10 +188,10 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
 
 def cmd_train(args: argparse.Namespace) -> int:
     from tether.catalog import check_data, task_from_config, uses_import_paths, warn_ignored
-    from tether.training.probe import probe_task
     from tether.methods import METHODS
     from tether.observe.summary import human_summary
     from tether.runner import launch_training
+    from tether.training.probe import probe_task
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
