@@ -92,7 +92,12 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     for model_name in opts["models"]:
         torch.manual_seed(0)
         base = build_model(model_name, (1, 28, 28), 10)
-        config = TrainConfig(method="sync-sgd", workers=world, batch_size=opts["batch_size"])
+        config = TrainConfig(
+            method="sync-sgd",
+            workers=world,
+            batch_size=opts["batch_size"],
+            bucket_mb=opts["bucket_mb"],
+        )
         env = DistEnv(rank, world, rank, world, "127.0.0.1", None, None)
         ctx = Context(config, TorchTransport(), torch.device("cpu"), env, Placement(world))
         net = copy.deepcopy(base)
@@ -133,6 +138,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--bucket-mb", type=float, default=1.0, help="Tether's fusion buckets")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     opts = {
@@ -141,6 +147,7 @@ def main() -> None:
         "warmup": args.warmup,
         "steps": args.steps,
         "rounds": args.rounds,
+        "bucket_mb": args.bucket_mb,
     }
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -190,7 +197,8 @@ def main() -> None:
         f"Python {info['python']}",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- command: `{command}`",
-        f"- {args.workers} CPU workers (gloo), per-worker batch {args.batch_size}, "
+        f"- {args.workers} CPU workers (gloo), per-worker batch {args.batch_size}, Tether's "
+        f"bucket_mb {args.bucket_mb:g} (DDP: its default 25 MiB buckets), "
         f"{args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up steps, the "
         "order swapped every round; a round is timed between barriers (the slowest rank).",
         f"- load average before: {load_before:.2f}; the run took "

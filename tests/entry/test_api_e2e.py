@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -163,8 +164,11 @@ def test_fit_refuses_bad_input_before_any_worker_starts(tmp_path: Path) -> None:
     def vector(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets, reduction="none")
 
+    holding_a_lock = TensorDataset(*train.tensors)
+    holding_a_lock.lock = threading.Lock()  # type: ignore[attr-defined]
     cases = [
         ({"model": lambda: Tiny()}, r"^model cannot be sent to the worker processes"),
+        ({"train_data": holding_a_lock}, r"^train_data cannot be sent .*lock"),
         ({"loss": vector}, r"the loss must return a scalar tensor"),
         ({"method": "nope"}, r"unknown method 'nope'"),
         ({"target": ("accuracy", "high")}, r"target must be"),

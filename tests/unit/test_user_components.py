@@ -119,9 +119,14 @@ def test_any_dataset_gives_the_same_batches_as_the_tensor_fast_path() -> None:
     sampler = GlobalBatchSampler(40, 8, seed=3)
     fast = list(TrainBatches(tensors, sampler, 1, 2, CPU).iterate(2, 7))
     loaded = list(TrainBatches(_Listed(tensors), sampler, 1, 2, CPU).iterate(2, 7))
-    assert len(fast) == len(loaded) == 5
-    for a, b in zip(fast, loaded, strict=True):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    forked = list(
+        TrainBatches(
+            _Listed(tensors), sampler, 1, 2, CPU, loader_options={"num_workers": 1}
+        ).iterate(2, 7)
+    )  # DataLoader worker processes keep the order
+    assert len(fast) == len(loaded) == len(forked) == 5
+    for a, b, c in zip(fast, loaded, forked, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and torch.equal(a[0], c[0])
     shares = [list(eval_batches(tensors, r, 3, 5, CPU)) for r in range(3)]
     assert sum(batch_size_of(b) for share in shares for b in share) == 40
     dicts = next(TrainBatches(DictData(), GlobalBatchSampler(12, 4, 0), 0, 1, CPU).iterate(0, 1))

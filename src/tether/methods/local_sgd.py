@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
+from tether.methods.base import Backward, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
@@ -40,19 +40,13 @@ class LocalSGD(TrainingMethod):
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"tau", "momentum"}
 
-    def __init__(
-        self,
-        model: nn.Module,
-        context: MethodContext,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        super().__init__(model, context, optimizer, scheduler)
-        self.reducer = run_reducer(context)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
+        super().__init__(*args, **kwargs)
+        self.reducer = run_reducer(self.context)
         self.rounds = 0
         # The optimizer holds the Parameter objects, whose storage becomes views of ``flat``.
-        self.flat = flatten_parameters(model)
-        self.eval_copy = copy.deepcopy(model)
+        self.flat = flatten_parameters(self.model)
+        self.eval_copy = copy.deepcopy(self.model)
         self.eval_flat = flatten_parameters(self.eval_copy)
 
     def start(self, step: int = 0) -> None:

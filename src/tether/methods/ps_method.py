@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-import torch
 from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.comm.transport import Message
-from tether.methods.base import MethodContext, Role, TrainingMethod
+from tether.methods.base import Role, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
@@ -50,22 +49,16 @@ class ServerMethod(TrainingMethod):
     # with every reply), not the worker's own count: a slow worker uses the run's rate.
     schedule_per_step: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        model: nn.Module,
-        context: MethodContext,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        super().__init__(model, context, optimizer, scheduler)
-        self.flat = flatten_parameters(model)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
+        super().__init__(*args, **kwargs)
+        self.flat = flatten_parameters(self.model)
         self.is_server = self.transport.rank == 0
         self._eval_copy: nn.Module | None = None  # a worker's copy of the server's model
         self._eval_flat = self.flat
         if self.is_server:
             # A worker silent this long after the server's reply is hung: the run goes on without it.
             self.server = ServerEndpoint(
-                self.transport, self.flat, silence_timeout_s=context.config.timeout_s
+                self.transport, self.flat, silence_timeout_s=self.config.timeout_s
             )
         else:
             self.link = WorkerEndpoint(self.transport, self.flat)

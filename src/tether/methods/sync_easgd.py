@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from tether.comm.reducer import PendingReduce
-from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
+from tether.methods.base import Backward, StepTimes, TrainingMethod
 from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.replicated import REDUCER_SETTINGS, broadcast_parameters, run_reducer
@@ -38,21 +38,15 @@ class SyncEASGD(TrainingMethod):
     defaults = {"lr": 0.4}
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "single_message"}
 
-    def __init__(
-        self,
-        model: nn.Module,
-        context: MethodContext,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        super().__init__(model, context, optimizer, scheduler)
-        self.flat = flatten_parameters(model)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
+        super().__init__(*args, **kwargs)
+        self.flat = flatten_parameters(self.model)
         # The center is a model of its own (evaluated and saved); its parameters view ``center``.
-        self.center_model = copy.deepcopy(model)
+        self.center_model = copy.deepcopy(self.model)
         self.center = flatten_parameters(self.center_model)
         self.alpha = elastic_rate(self.config, self.transport.world_size)
         self.rounds = 0
-        self.reducer = run_reducer(context)
+        self.reducer = run_reducer(self.context)
         self._pending: list[PendingReduce] | None = None  # the in-flight all-reduce(s) of sum d_i
         self._sum = torch.zeros_like(self.flat)
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tether.comm.fusion import GradientBucketer
-from tether.methods.base import Backward, MethodContext, StepTimes, TrainingMethod
+from tether.methods.base import Backward, StepTimes, TrainingMethod
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
     average_buffers,
@@ -42,18 +42,12 @@ class SyncSGD(TrainingMethod):
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"bucket_mb", "momentum"}
 
-    def __init__(
-        self,
-        model: nn.Module,
-        context: MethodContext,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        super().__init__(model, context, optimizer, scheduler)
-        self.reducer = run_reducer(context)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
+        super().__init__(*args, **kwargs)
+        self.reducer = run_reducer(self.context)
         self.rounds = 0
         self.bucketer = GradientBucketer(
-            list(model.parameters()), self.reducer, self.config.bucket_mb or None
+            list(self.model.parameters()), self.reducer, self.config.bucket_mb or None
         )
 
     def start(self, step: int = 0) -> None:
