@@ -81,6 +81,13 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
             _check(metric, METRICS, "metric")
     if config.tensorboard:
         require_tensorboard()
+    own_step = config.optimizer == "auto" and "optimizer" not in skip
+    lookahead = METHODS.get(config.method).local_step_name == "lookahead-nesterov"
+    if config.accumulate > 1 and own_step and lookahead:
+        raise TetherError(
+            f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
+            "so it cannot accumulate gradients: use accumulate=1, or --optimizer sgd"
+        )
 
 
 def _check(name: str, registry: Any, what: str) -> None:
@@ -190,10 +197,14 @@ def loss_function(config: TrainConfig) -> Callable[..., torch.Tensor]:
 
 def metric_functions(config: TrainConfig) -> dict[str, Callable[..., float]] | None:
     """None when no metric is named (the defaults: loss, plus accuracy for classifiers)."""
-    if not config.metrics:
-        return None
+    return named_metrics(config.metrics) if config.metrics else None
+
+
+def named_metrics(names: Iterable[str]) -> dict[str, Callable[..., float]]:
+    """Metrics by registered name or import path; an import path's metric is named after its
+    attribute (``mypkg.metrics:within_half`` -> ``within_half``)."""
     out = {}
-    for name in config.metrics:
+    for name in names:
         if is_import_path(name):
             out[name.rpartition(":")[2].rpartition(".")[2]] = load_object(name, "metric")
         else:

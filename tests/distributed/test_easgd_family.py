@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from tests.method_drive import cross_entropy_step, loss_and_gradient
+from tether.comm.header import MessageKind
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
@@ -262,3 +263,27 @@ def test_handshake_refuses_a_worker_with_another_model() -> None:
     message = str(info.value)
     assert "rank 0 failed" in message and TetherError.__name__ in message
     assert "worker rank 2 has a model of" in message and "same --model" in message
+
+
+def _step_jumper(rank: int, world: int) -> dict:
+    """Worker 2 sends one exchange claiming a million steps; worker 1 trains normally."""
+    cls = METHODS.get("async-easgd")
+    transport = TorchTransport()
+    method = cls(_model(), MethodContext(_config(), transport, torch.device("cpu")))
+    method.start()
+    if rank == 0:
+        result = method.serve(_Hooks())
+        return {"lost": dict(result.lost_workers), "global_step": result.global_step}
+    if rank == 2:
+        transport.send_message(method.flat, 0, MessageKind.PARAMS, step=1_000_000)
+        return {}
+    for step in range(STEPS):
+        cross_entropy_step(method, *_batch(step, 0, 2))
+    method.finish(PhaseTotals())
+    return {"steps": method.local_step}
+
+
+def test_a_worker_whose_step_jumps_is_given_up_and_the_run_goes_on() -> None:
+    server, worker, _ = run_spawned(_step_jumper, 3, timeout_s=20)
+    assert "protocol: its step went from 0 to 1000000" in server["lost"][2]
+    assert worker["steps"] == STEPS and server["global_step"] < 1000

@@ -35,6 +35,7 @@ from tether.launch.env import DistEnv
 from tether.launch.spawn import run_spawned
 from tether.methods import METHODS, Placement
 from tether.metrics import accuracy
+from tether.optim import NamedSchedule, ScheduleSettings
 from tether.training.task import Task
 from tether.training.trainer import Trainer, WorkerRuntime
 
@@ -193,6 +194,22 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     _train(base, "whole", resumable, steps=20)
     _train(base, "part", resumable, steps=10, checkpoint_every=10)
     _train(base, "part", resumable, steps=20, resume=True)
+    # The same with a named schedule (warm-up, then cosine over the run's 20 steps): the
+    # interrupted run stops at its step-10 evaluation (a target it meets at once) with its
+    # last checkpoint at step 5, and the resumed run goes on from there to step 20.
+    named = _task(scheduler=NamedSchedule("cosine", ScheduleSettings(warmup_steps=4)))
+    _train(base, "named-whole", named, steps=20, eval_every=10)
+    _train(
+        base,
+        "named-part",
+        named,
+        steps=20,
+        eval_every=10,
+        checkpoint_every=5,
+        target="loss<=100",
+        stop_at_target=True,
+    )
+    _train(base, "named-part", named, steps=20, eval_every=10, resume=True)
     out["wrap-sync-sgd"] = _wrap_loop(rank, world, "sync-sgd")
     out["ddp"] = _ddp(rank, world)
     out["wrap-easgd-a"] = _wrap_loop(rank, world, "sync-easgd")
@@ -266,6 +283,11 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert np.array_equal(a, b)
     whole, resumed = (_weights(tmp_path / n / "model.pt") for n in ("whole", "part"))
     assert np.array_equal(whole, resumed)
+    named_whole, named_resumed = (
+        _weights(tmp_path / n / "model.pt") for n in ("named-whole", "named-part")
+    )
+    assert np.array_equal(named_whole, named_resumed)
+    assert not np.array_equal(named_whole, whole)  # the schedules differ: not the same run
     single = _single_process()
     for rank in range(WORLD):
         assert _rel(results[rank]["wrap-sync-sgd"], single) < REL_TOL

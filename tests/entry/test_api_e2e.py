@@ -393,3 +393,32 @@ def test_examples_are_the_ones_the_docs_name() -> None:
     docs = (ROOT / "docs" / "api.md").read_text()
     for example in sorted(EXAMPLES.glob("*.py")):
         assert f"examples/{example.name}" in docs, example.name
+
+
+LONE_SCRIPT = """
+import torch
+import tether
+
+ctx = tether.init(method="local-sgd", tau=2)
+net = torch.nn.Linear(3, 1)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.ones(2, 3)).pow(2).mean().backward()
+    opt.step()
+print("workers", ctx.workers, "weight", float(ctx.eval_model().weight.sum()))
+ctx.finish()
+try:
+    ctx.eval_model()
+except tether.TetherError as exc:
+    print("after finish:", exc)
+"""
+
+
+def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "lone.py"
+    script.write_text(LONE_SCRIPT)
+    result = _run([sys.executable, str(script)], timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "workers 1 weight" in result.stdout
+    assert "after finish: this run has finished" in result.stdout

@@ -33,6 +33,8 @@ def test_round_trip() -> None:
         ({"dtype": 2}, 2, None, "carries torch.float64, this side expects torch.float32"),
         ({"length": 101}, 2, None, "announces 101 elements, buffer holds 100"),
         ({"length": -1}, 2, None, "announces -1 elements"),
+        ({"step": -1}, 2, None, "has step -1, outside"),
+        ({"step": 1 << 41}, 2, None, "has step 2199023255552, outside"),
     ],
 )
 def test_bad_headers_are_refused(change, sender, kinds, message) -> None:

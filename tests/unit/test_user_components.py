@@ -23,6 +23,8 @@ from tether.errors import TetherError
 from tether.imports import load_object
 from tether.methods import MethodContext, StepTimes, TrainingMethod
 from tether.metrics import accuracy
+from tether.optim import LookaheadNesterov, check_distributable
+from tether.optim.schedules import check_schedule
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches, to_device
 from tether.training.evaluation import Evaluator
 from tether.training.method_optimizer import MethodOptimizer
@@ -187,6 +189,40 @@ def test_accumulation_steps_once_on_the_mean_gradient() -> None:
     optimizer.step()
     scheduler.step()
     assert method.optimizer.param_groups[0]["lr"] == 0.5  # a scheduler drives the wrapped one
+
+
+def test_a_closure_that_clears_the_gradients_keeps_the_accumulated_ones() -> None:
+    model = nn.Linear(1, 1, bias=False)
+    model.weight.data.fill_(0.0)
+    optimizer = MethodOptimizer(_Counting(model), accumulate=2)
+    for value in (1.0, 3.0):
+
+        def closure(v: float = value) -> torch.Tensor:
+            optimizer.zero_grad()  # as torch closures do
+            loss = model(torch.tensor([[v]])).sum()
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+    assert model.weight.item() == pytest.approx(-2.0)  # the mean of both gradients
+
+
+def test_optimizers_and_schedules_a_method_cannot_follow_are_refused() -> None:
+    model = nn.Linear(2, 1)
+    lookahead = _Counting(model)
+    lookahead.optimizer = LookaheadNesterov(model.parameters(), lr=0.1)
+    with pytest.raises(TetherError, match="cannot accumulate"):
+        MethodOptimizer(lookahead, accumulate=2)
+    with pytest.raises(TetherError, match=r"optimizer.step\(closure\)"):
+        MethodOptimizer(lookahead).step()
+    with pytest.raises(TetherError, match="LBFGS calls its closure"):
+        check_distributable(torch.optim.LBFGS(model.parameters()))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TetherError, match="ReduceLROnPlateau steps on a metric"):
+        check_schedule(torch.optim.lr_scheduler.ReduceLROnPlateau(sgd))
+    chained = torch.optim.lr_scheduler.ChainedScheduler([torch.optim.lr_scheduler.ConstantLR(sgd)])
+    with pytest.raises(TetherError, match="ChainedScheduler has none"):
+        check_schedule(chained)
 
 
 def test_an_asynchronous_schedule_moves_to_the_global_step_and_never_back() -> None:

@@ -60,7 +60,6 @@ class Context:
         self.servers = self.method_class.server_processes
         self.method: TrainingMethod | None = None
         self.optimizer: MethodOptimizer | None = None
-        self.totals = PhaseTotals()
         self.finished = False
 
     # -- where this process is -------------------------------------------------------------------
@@ -168,14 +167,17 @@ class Context:
         to the server), then the process group. Call it once on every worker after training."""
         if self.finished:
             return
-        self.finished = True
         method = self._bound()
-        method.finish(self.totals if method.server_processes else None)
+        self.finished = True
+        # A worker's goodbye carries timings for a trainer's summary; a user's loop has none.
+        method.finish(PhaseTotals() if method.server_processes else None)
         shut_down_process_group()
 
     def _bound(self) -> TrainingMethod:
         if self.method is None:
             raise TetherError("call ctx.wrap(model, optimizer) first")
+        if self.finished:
+            raise TetherError("this run has finished (ctx.finish): its model is no longer served")
         return self.method
 
     def __repr__(self) -> str:

@@ -33,14 +33,13 @@ from tether.catalog import (
     loss_function,
     method_defaults,
     model_factory,
+    named_metrics,
     optimizer_factory,
     schedule_factory,
     warn_ignored,
 )
 from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
-from tether.imports import is_import_path, load_object
-from tether.metrics import METRICS
 from tether.runner import launch_training
 from tether.training.probe import probe_task
 from tether.training.task import Task, describe
@@ -263,13 +262,7 @@ def _metrics(metrics: Any) -> dict[str, Callable[..., float]] | None:
             if not callable(fn):
                 raise TetherError(f"metric {name!r} is a {type(fn).__name__}, not a callable")
         return dict(metrics)
-    out = {}
-    for name in metrics:
-        if is_import_path(name):
-            out[name.rpartition(":")[2]] = load_object(name, "metric")
-        else:
-            out[name] = METRICS.get(name)
-    return out
+    return named_metrics(metrics)
 
 
 def _load_model(task: Task, run_dir: Path, seed: int) -> nn.Module:

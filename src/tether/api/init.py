@@ -47,13 +47,11 @@ def init(method: str | None = None, **options: Any) -> Context:
     env = DistEnv.detect()
     if env.source == "mpi" and env.master_port is None:
         env = _agree_through_mpi(env)
-    elif env.master_port is None:  # a single process, or a launcher without a rendezvous
-        if env.world_size > 1:
-            raise TetherError(
-                f"{env.world_size} processes but no rendezvous address: set MASTER_ADDR and "
-                "MASTER_PORT (or start the script with torchrun, srun or tether launch)"
-            )
-        env = dataclasses.replace(env, master_addr="127.0.0.1", master_port=_free_port())
+    elif env.master_port is None and env.world_size > 1:
+        raise TetherError(
+            f"{env.world_size} processes but no rendezvous address: set MASTER_ADDR and "
+            "MASTER_PORT (or start the script with torchrun, srun or tether launch)"
+        )
     servers = METHODS.get(method).server_processes
     if env.world_size <= servers:
         raise TetherError(

@@ -32,6 +32,11 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
+# The largest step a header may carry: far beyond any run (2^40 steps), small enough that no
+# arithmetic on steps overflows and no loop over them can be made to run for ever.
+MAX_STEP = 1 << 40
+
+
 class MessageKind(enum.IntEnum):
     """What a message means. Methods agree on kinds; receivers say which kinds they accept."""
 
@@ -105,6 +110,8 @@ class MessageHeader:
                 f"message {where} carries {CODE_DTYPES[code]}, this side expects {dtype}: "
                 "the peers were started with different precision settings"
             )
+        if not 0 <= step <= MAX_STEP:
+            raise ProtocolError(f"message {where} has step {step}, outside 0..{MAX_STEP}")
         if not 0 <= length <= max_length:
             raise ProtocolError(
                 f"message {where} announces {length} elements, buffer holds {max_length}: "

@@ -1,5 +1,5 @@
 """How a worker program ends and how a launcher reports a stop: one convention for the training
-workers (:mod:`tether.launch.worker_main`) and the benchmark's ranks
+workers (:mod:`tether.runner`) and the benchmark's ranks
 (:mod:`tether.bench.comm_worker`), and for the launchers that start them.
 
 Under torch's elastic agent a worker's exception is written by ``@record`` to the agent's error

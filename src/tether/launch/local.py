@@ -122,7 +122,6 @@ def launch_local(
     """
     launch = local_launch_config(processes, "tether")
     run_dir = Path(config.out) if config.out else None
-    tolerant = tolerant and run_dir is not None
     try:
         if tolerant and run_dir is not None:
             _launch_supervised(launch, config, run_dir, worker_module, extra_args)
@@ -163,8 +162,8 @@ def _launch_supervised(
 def launch_script(
     command: list[str], processes: int, tolerant: bool = False, method: str | None = None
 ) -> None:
-    """Run a user's program (``[script.py, args...]`` for this Python, or ``-m module ...``) in
-    ``processes`` local processes under the same agent as ``tether train`` (``tether launch``);
+    """Run a user's program (``[script.py, args...]`` for this Python) in ``processes`` local
+    processes under the same agent as ``tether train`` (``tether launch``);
     raise WorkerFailure when one fails. ``tolerant``: as for a training run, a worker rank
     other than 0 may die and the others carry on (each runs under the supervisor).
     ``method`` is what ``tether.init()`` in the script uses when it names none."""

@@ -86,6 +86,8 @@ def rendezvous_store(env: DistEnv, timeout_s: float, generation: int) -> dist.St
     process starts: one TCP store per address, kept for the process's life (the launcher's
     agent hosts it under torchrun; else rank 0 does), and a fresh key prefix per generation, so
     a second ``tether.init`` in the same process never reads the keys of the first."""
+    if env.world_size == 1:
+        return dist.HashStore()  # a lone process meets nobody: nothing needs to listen
     assert env.master_port is not None
     key = (env.master_addr, env.master_port)
     if key not in _BASE_STORES:

@@ -33,8 +33,14 @@ from torch import nn
 
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
+from tether.errors import TetherError
 from tether.observe.metrics import PhaseTotals
-from tether.optim import LOCAL_STEPS, OptimizerSettings, needs_closure
+from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
+from tether.optim.schedules import check_schedule
+
+# How far one report of the global step may move a worker's schedule (each step of a
+# scheduler is a few microseconds of Python: a bound keeps a bad value from stalling a worker).
+MAX_SCHEDULE_ADVANCE = 100_000
 
 Backward = Callable[[], "torch.Tensor | None"]
 """Runs forward and backward on this step's batch and returns the loss (or does nothing and
@@ -135,8 +141,11 @@ class TrainingMethod(ABC):
         self.context = context
         self.config = context.config
         self.transport = context.transport
-        self.optimizer = optimizer or self.build_default_optimizer(model.parameters(), self.config)
-        self.scheduler = scheduler
+        if optimizer is None:
+            optimizer = self.build_default_optimizer(model.parameters(), self.config)
+        check_distributable(optimizer)
+        self.optimizer = optimizer
+        self.scheduler = check_schedule(scheduler)
         self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k
         # backward passes (set by the caller).
@@ -230,6 +239,11 @@ class TrainingMethod(ABC):
         the count of the whole run, so a slow worker's rate is the run's, not its own)."""
         if self.scheduler is None:
             return
+        if global_step - self.scheduler.last_epoch > MAX_SCHEDULE_ADVANCE:
+            raise TetherError(
+                f"the server reported global step {global_step} while this worker's schedule "
+                f"stands at {self.scheduler.last_epoch}: a broken or hostile server"
+            )
         while self.scheduler.last_epoch < global_step:
             self.scheduler.step()
 

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tether.comm.header import MessageKind
+from tether.comm.header import MAX_STEP, MessageKind
 from tether.errors import TetherError
 from tether.methods.base import MethodContext
 from tether.methods.flat import flatten_parameters
@@ -67,6 +67,10 @@ class HogwildMethod(ServerMethod):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.workers = self.computing_workers()
+        if self.is_server:
+            # Steps come from the board (this node's shared memory); a goodbye may follow the
+            # last reading by any number of steps.
+            self.server.max_step_jump = MAX_STEP
         self.board: torch.Tensor | None = None  # None until start, or without shared memory
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
         self.stopping = False
@@ -109,7 +113,7 @@ class HogwildMethod(ServerMethod):
                 self.transport.send_message(token, rank, MessageKind.HELLO, channel=SETUP_CHANNEL)
             # The handshake sends the private copy: a worker that already steps on the shared
             # vector cannot tear what a later worker receives.
-            self.server.handshake(self.flat)
+            self.server.handshake(self.flat, step)
         finally:
             files.unlink()  # every worker mapped the files before its hello
         # The evaluated model now reads the live shared values.

@@ -190,7 +190,11 @@ class HogwildEASGD(HogwildMethod):
                 if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
                     self._send(self.flat.clone(), rank, MessageKind.PARAMS)  # a still copy
                     continue
-                self._steps[slot] = msg.header.step
+                last, step = self._steps[slot], msg.header.step
+                if not last <= step <= last + self.tau:  # a worker takes tau steps per message
+                    self.server.give_up(rank, f"protocol: its step went from {last} to {step}")
+                    return
+                self._steps[slot] = step
                 if msg.header.kind is MessageKind.STOP:
                     return
                 if self.stopping:

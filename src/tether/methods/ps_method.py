@@ -58,7 +58,11 @@ class ServerMethod(TrainingMethod):
         if self.is_server:
             # A worker silent this long after the server's reply is hung: the run goes on without it.
             self.server = ServerEndpoint(
-                self.transport, self.flat, silence_timeout_s=self.config.timeout_s
+                self.transport,
+                self.flat,
+                silence_timeout_s=self.config.timeout_s,
+                # Between two messages a worker takes tau steps (a goodbye: fewer).
+                max_step_jump=self.config.tau,
             )
         else:
             self.link = WorkerEndpoint(self.transport, self.flat)
@@ -67,9 +71,10 @@ class ServerMethod(TrainingMethod):
         """Handshake: the server checks each worker's model and sends it the (restored) weights."""
         super().start(step)
         if self.is_server:
-            self.server.handshake(self.flat)
+            self.server.handshake(self.flat, step)
         else:
             self.flat.copy_(self.link.handshake())
+            self.advance_schedule(step)  # a resumed run continues its schedule
 
     def role(self) -> Role:
         return Role.SERVER if self.is_server else Role.WORKER

@@ -78,10 +78,14 @@ class ServerEndpoint:
         transport: TorchTransport,
         params: torch.Tensor,
         silence_timeout_s: float | None = None,
+        max_step_jump: int = 1,
     ) -> None:
         self.transport = transport
         self.params = params
         self.state = ServerState(workers=list(range(1, transport.world_size)))
+        # A worker's step grows by its communication period between two of its messages: a
+        # header that goes back, or jumps further, is a broken or hostile peer (given up on).
+        self.max_step_jump = max_step_jump
         self._events: queue.Queue = queue.Queue()
         self._receiving = False
         self._threads: dict[int | None, threading.Thread] = {}  # watch threads by rank; receiver
@@ -92,7 +96,7 @@ class ServerEndpoint:
         self._replied: dict[int, float] = {}
 
     # -- start -----------------------------------------------------------------------------------
-    def handshake(self, initial: torch.Tensor) -> None:
+    def handshake(self, initial: torch.Tensor, step: int = 0) -> None:
         """Check every worker's model against ours, then send it the initial weights.
 
         A worker built with another model (parameter count) or precision (dtype) is refused here,
@@ -110,6 +114,7 @@ class ServerEndpoint:
                     "with the same --model, --dataset and precision"
                 )
         for rank in self.state.workers:
+            self.state.local_steps[rank] = step  # where every worker starts (resume: not 0)
             self.transport.send_message(initial, rank, MessageKind.PARAMS)
             self._replied[rank] = time.monotonic()
         for rank in self.state.workers:
@@ -223,20 +228,32 @@ class ServerEndpoint:
         rank = msg.header.sender
         if rank in self.state.lost:
             return False  # given up on as hung; its late messages change nothing
+        if msg.header.kind is MessageKind.PULL:
+            return True  # a read of the server's vector: no step of the worker's
+        if not self.plausible_step(rank, msg.header.step):
+            return False
         if msg.header.kind is MessageKind.STOP:
             self.state.stopped.add(rank)
             self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
             # The goodbye carries the worker's final step: steps after its last exchange count.
-            if msg.header.step:
-                self.state.local_steps[rank] = max(
-                    self.state.local_steps.get(rank, 0), msg.header.step
-                )
+            self.state.local_steps[rank] = msg.header.step
             return False
-        if msg.header.kind is MessageKind.PULL:
-            return True  # a read of the server's vector: no step of the worker's
         self.state.local_steps[rank] = msg.header.step
         self.state.arrivals.append(rank)
         return True
+
+    def plausible_step(self, rank: int, step: int) -> bool:
+        """Whether ``step`` can follow the worker's last one; if not, the worker is given up on
+        (its step counts drive the run's progress, evaluation and schedule)."""
+        last = self.state.local_steps.get(rank, 0)
+        if last <= step <= last + self.max_step_jump:
+            return True
+        self.give_up(rank, f"protocol: its step went from {last} to {step} (a broken peer)")
+        return False
+
+    def give_up(self, rank: int, reason: str) -> None:
+        """Count ``rank`` as lost (its later messages change nothing); the run goes on."""
+        self._mark_lost(WorkerLost(rank, reason))
 
     def _mark_lost(self, event: WorkerLost) -> None:
         if event.rank not in self.state.stopped and event.rank not in self.state.lost:

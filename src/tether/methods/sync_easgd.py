@@ -100,6 +100,9 @@ class SyncEASGD(TrainingMethod):
         return {"rounds": self.rounds, "alpha": self.alpha, "tau": self.config.tau}
 
     def eval_model(self) -> nn.Module:
+        """The center, with the round still in flight applied (a local wait: every rank
+        started it, and the next round then has nothing left to wait for)."""
+        self._complete_round()
         return self.center_model
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.errors import TetherError
 from tether.optim.lookahead_nesterov import LookaheadNesterov
 from tether.registry import Registry
 
@@ -78,11 +79,24 @@ OPTIMIZERS.register("adamw", help="AdamW, decoupled --weight-decay")(adamw)
 
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` must be given a closure that computes the gradient (LBFGS, our
-    look-ahead Nesterov): it evaluates the loss itself, at points of its choosing."""
-    return bool(getattr(optimizer, "requires_closure", False)) or isinstance(
-        optimizer, torch.optim.LBFGS
-    )
+    """Whether ``optimizer.step`` must be given a closure that computes the gradient (our
+    look-ahead Nesterov: it evaluates the loss once, at a point of its choosing)."""
+    return bool(getattr(optimizer, "requires_closure", False))
+
+
+def check_distributable(optimizer: object) -> None:
+    """A one-line error for an optimizer no distributed method can follow: LBFGS evaluates the
+    loss a data-dependent number of times per step, so ranks would issue different numbers of
+    collectives (and hang)."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise TetherError(
+            "LBFGS calls its closure a data-dependent number of times per step, which the ranks "
+            "of a distributed method cannot follow: use a first-order optimizer"
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TetherError(
+            f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer"
+        )
 
 
 class NamedOptimizer:

@@ -16,12 +16,15 @@ A user's own schedule comes as a factory ``optimizer -> LRScheduler`` instead.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from tether.errors import TetherError
 from tether.registry import Registry
 
 
@@ -36,24 +39,25 @@ class ScheduleSettings:
     decay: float = 0.1
 
 
-Factor = Callable[[int], float]
+Factor = Callable[[ScheduleSettings, int], float]
+"""``(settings, steps after the warm-up) -> factor`` of the base learning rate."""
 
 
-def _constant(s: ScheduleSettings) -> Factor:
-    return lambda step: 1.0
+def _constant(s: ScheduleSettings, step: int) -> float:
+    return 1.0
 
 
-def _step(s: ScheduleSettings) -> Factor:
+def _step(s: ScheduleSettings, step: int) -> float:
     every = s.decay_every or max(1, (s.total_steps - s.warmup_steps) // 3)
-    return lambda step: s.decay ** (step // every)
+    return float(s.decay ** (step // every))
 
 
-def _cosine(s: ScheduleSettings) -> Factor:
+def _cosine(s: ScheduleSettings, step: int) -> float:
     span = max(1, s.total_steps - s.warmup_steps)
-    return lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, span) / span))
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, span) / span))
 
 
-SCHEDULES: Registry[Callable[[ScheduleSettings], Factor]] = Registry("learning-rate schedule")
+SCHEDULES: Registry[Factor] = Registry("learning-rate schedule")
 SCHEDULES.register("constant", help="the learning rate as given (after any warm-up)")(_constant)
 SCHEDULES.register(
     "step", help="x lr_decay every lr_decay_every steps (default: a third of the run)"
@@ -64,18 +68,25 @@ SCHEDULES.register("cosine", help="cosine decay to 0 at the last step")(_cosine)
 class WarmupFactor:
     """``step -> factor``: linear warm-up, then the named schedule (counted from its end).
 
-    A class rather than a closure so that a scheduler built from it is an ordinary object;
-    ``LambdaLR`` saves no function in its state_dict, only its position, which is what resume
-    needs (the function is rebuilt from the config)."""
+    It holds plain data only (the schedule's name and numbers): ``LambdaLR`` saves a callable
+    object's attributes in its state_dict, and a checkpoint must hold nothing but tensors,
+    numbers and strings to load with ``weights_only=True``."""
 
-    def __init__(self, after: Factor, warmup_steps: int) -> None:
-        self.after = after
-        self.warmup_steps = warmup_steps
+    def __init__(self, name: str, settings: ScheduleSettings) -> None:
+        SCHEDULES.get(name)
+        self.name = name
+        self.total_steps = settings.total_steps
+        self.warmup_steps = settings.warmup_steps
+        self.decay_every = settings.decay_every
+        self.decay = settings.decay
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        return self.after(step - self.warmup_steps)
+        settings = ScheduleSettings(
+            self.total_steps, self.warmup_steps, self.decay_every, self.decay
+        )
+        return SCHEDULES.get(self.name)(settings, step - self.warmup_steps)
 
 
 def build_schedule(
@@ -83,10 +94,10 @@ def build_schedule(
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
     """The named schedule over ``optimizer``; None for a constant rate without warm-up (nothing
     to step)."""
-    factor = SCHEDULES.get(name)(settings)
+    SCHEDULES.get(name)  # an unknown name fails here, listing the valid ones
     if name == "constant" and settings.warmup_steps == 0:
         return None
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupFactor(factor, settings.warmup_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupFactor(name, settings))
 
 
 class NamedSchedule:
@@ -105,3 +116,40 @@ class NamedSchedule:
 
     def __repr__(self) -> str:
         return f"NamedSchedule({self.name!r}, {self.settings})"
+
+
+def check_schedule(scheduler: object) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The scheduler, if a method can step it: one ``step()`` per update with no argument, and a
+    position (``last_epoch``) to follow a global step. ``ReduceLROnPlateau`` needs a metric per
+    step and ``ChainedScheduler`` / ``SequentialLR`` keep no single position: one line each."""
+    if scheduler is None:
+        return None
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise TetherError(
+            "ReduceLROnPlateau steps on a metric, not once per update: step it yourself from "
+            "your evaluation (do not pass it to Tether)"
+        )
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or not hasattr(
+        scheduler, "last_epoch"
+    ):
+        raise TetherError(
+            f"the scheduler is a {type(scheduler).__name__}: Tether steps torch "
+            "LRSchedulers with a position (last_epoch); ChainedScheduler has none, use "
+            "SequentialLR or a LambdaLR"
+        )
+    return scheduler
+
+
+def build_scheduler(
+    factory: Callable[..., Any] | None, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """A task's schedule over ``optimizer``: ``factory(optimizer)``, or with the run's length
+    for a factory that takes ``total_steps`` (the named schedules do); checked."""
+    if factory is None:
+        return None
+    try:
+        wants_total = "total_steps" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        wants_total = False
+    scheduler = factory(optimizer, total_steps=total_steps) if wants_total else factory(optimizer)
+    return check_schedule(scheduler)

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from tether.errors import TetherError
 from tether.methods import StepTimes, TrainingMethod
+from tether.optim import needs_closure
 
 
 class MethodOptimizer(torch.optim.Optimizer):
@@ -31,6 +33,12 @@ class MethodOptimizer(torch.optim.Optimizer):
     def __init__(self, method: TrainingMethod, accumulate: int = 1) -> None:
         if accumulate < 1:
             raise ValueError(f"accumulate must be >= 1, got {accumulate}")
+        if accumulate > 1 and needs_closure(method.optimizer):
+            raise TetherError(
+                f"{type(method.optimizer).__name__} takes its gradient inside step() (at a point "
+                "of its own), so it cannot accumulate gradients over several steps: use "
+                "accumulate=1 or another optimizer"
+            )
         self.method = method
         self.optimizer = method.optimizer
         self.accumulate = accumulate
@@ -59,6 +67,9 @@ class MethodOptimizer(torch.optim.Optimizer):
         return (self.passes + 1) % self.accumulate != 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients, unless an accumulation is under way. The method decides how
+        (sync-sgd zeroes its fused buffer in place, whatever ``set_to_none`` says)."""
+        del set_to_none
         if self.passes % self.accumulate == 0:  # not in the middle of an accumulation
             self.method.zero_grad()
 
@@ -71,9 +82,16 @@ class MethodOptimizer(torch.optim.Optimizer):
             # Whether the next backward pass ends the accumulation: it communicates.
             self.method.set_gradient_sync(not self.accumulating)
             return loss
-        self.passes += 1
+        if closure is None and needs_closure(self.optimizer):
+            raise TetherError(
+                f"{type(self.optimizer).__name__} takes the gradient inside step(): call "
+                "optimizer.step(closure) with a closure that runs forward and backward"
+            )
         times = StepTimes()
+        # The pass counter moves after the step: a closure that calls zero_grad at its start
+        # must not clear the gradients this step accumulated.
         loss = self.method.step(closure or _nothing, times)
+        self.passes += 1
         self.last_times = times
         self.method.set_gradient_sync(self.accumulate == 1)
         return loss

@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import default_collate
 
 from tether.errors import TetherError
+from tether.optim import check_distributable
+from tether.optim.schedules import build_scheduler
 from tether.training.objective import Objective, takes_model_and_batch
 from tether.training.task import Task
 
@@ -40,6 +42,17 @@ def probe_task(task: Task, samples: int = 2) -> None:
             batch: Any = (task.collate_fn or default_collate)(items)
         except Exception as exc:
             raise TetherError(f"reading a batch of train_data failed: {_first_line(exc)}") from None
+        if task.optimizer is not None:  # the optimizer and schedule factories, on this model
+            try:
+                optimizer = task.optimizer(model.parameters())
+                check_distributable(optimizer)
+                build_scheduler(task.scheduler, optimizer, total_steps=1)
+            except TetherError:
+                raise
+            except Exception as exc:
+                raise TetherError(
+                    f"building the optimizer or schedule failed: {_first_line(exc)}"
+                ) from None
         objective = Objective(task.loss)
         model.eval()
         with torch.no_grad():

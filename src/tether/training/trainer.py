@@ -43,6 +43,7 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
+from tether.optim.schedules import build_scheduler
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
 from tether.training.evaluation import Evaluator
@@ -63,28 +64,6 @@ class WorkerRuntime:
     transport: TorchTransport
     device: torch.device
     placement: Placement = field(default_factory=Placement)
-
-
-def build_scheduler(
-    factory: Any, optimizer: torch.optim.Optimizer, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The task's schedule over ``optimizer``: a factory with a ``total_steps`` parameter gets
-    the run's length as well."""
-    if factory is None:
-        return None
-    import inspect
-
-    try:
-        wants_total = "total_steps" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        wants_total = False
-    scheduler = factory(optimizer, total_steps=total_steps) if wants_total else factory(optimizer)
-    if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
-        raise TetherError(
-            f"the scheduler factory returned a {type(scheduler).__name__}, not a "
-            "torch.optim.lr_scheduler.LRScheduler"
-        )
-    return scheduler
 
 
 class Trainer:
@@ -129,11 +108,6 @@ class Trainer:
             if task.optimizer is not None
             else method_cls.build_default_optimizer(model.parameters(), config)
         )
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TetherError(
-                f"the optimizer factory returned a {type(optimizer).__name__}, not a "
-                "torch.optim.Optimizer"
-            )
         scheduler = build_scheduler(task.scheduler, optimizer, self.total_steps)
         context = MethodContext(config, self.transport, self.device, runtime.placement)
         self.method: TrainingMethod = method_cls(model, context, optimizer, scheduler)
@@ -282,7 +256,10 @@ class Trainer:
         return {}
 
     def _backward(self, batch: Any) -> torch.Tensor:
-        """Forward and backward on one batch (the closure the method's step runs)."""
+        """Forward and backward on one batch: the closure the method's step runs, which clears
+        the gradients first as a torch closure does (during an accumulation that does
+        nothing)."""
+        self.optimizer.zero_grad()
         result = self.objective(self.method.model, batch)
         result.loss.backward()
         return result.loss.detach()
@@ -310,7 +287,6 @@ class Trainer:
                         batch = next(batches)
                         later_data_s += time.perf_counter() - fetch
                     samples += batch_size_of(batch)
-                    self.optimizer.zero_grad()
                     loss = self.optimizer.step(partial(self._backward, batch))
                     losses.append(loss)
                 times = self.optimizer.last_times
