@@ -148,6 +148,10 @@ def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
             messages.append("label_smoothing applies to --loss cross-entropy only")
         elif key in ("lr_decay_every", "lr_decay") and config.lr_schedule != "step":
             messages.append(f"{key} applies to --lr-schedule step only")
+        elif key == "lr_decay_power" and config.lr_schedule != "poly":
+            messages.append("lr_decay_power applies to --lr-schedule poly only")
+        elif key == "lars_eta" and config.optimizer != "lars":
+            messages.append("lars_eta applies to --optimizer lars only")
     return messages
 
 
@@ -163,23 +167,21 @@ def optimizer_factory(config: TrainConfig) -> Callable[..., torch.optim.Optimize
         return None
     if is_import_path(config.optimizer):
         return load_object(config.optimizer, "optimizer")
-    settings = OptimizerSettings(
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.nesterov,
-        weight_decay=config.weight_decay,
-    )
-    return NamedOptimizer(config.optimizer, settings)
+    return NamedOptimizer(config.optimizer, OptimizerSettings.of(config))
 
 
 def schedule_factory(config: TrainConfig) -> Callable[..., Any] | None:
     """None for a constant rate without warm-up."""
     if is_import_path(config.lr_schedule):
         return load_object(config.lr_schedule, "lr_schedule")
-    if config.lr_schedule == "constant" and config.warmup_steps == 0:
+    if config.lr_schedule == "constant" and not (config.warmup_steps or config.warmup_epochs):
         return None
     settings = ScheduleSettings(
-        warmup_steps=config.warmup_steps, decay_every=config.lr_decay_every, decay=config.lr_decay
+        warmup_steps=config.warmup_steps,
+        decay_every=config.lr_decay_every,
+        decay=config.lr_decay,
+        power=config.lr_decay_power,
+        warmup_epochs=config.warmup_epochs,
     )
     return NamedSchedule(config.lr_schedule, settings)
 

@@ -26,6 +26,7 @@ import tomli_w
 from tether.errors import TetherError
 
 BACKENDS = ("auto", "gloo", "nccl")
+PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16", "bf16")
 FAULT_KINDS = ("raise", "kill", "hang")
 
@@ -50,6 +51,7 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
+    lars_eta: float = 0.001  # LARS's trust coefficient (--optimizer lars)
     # The local update: "auto" (the method's own: momentum SGD for sync-sgd and local-sgd, plain
     # SGD for the EASGD workers, EAMSGD's Nesterov step for async-measgd, ...), a name (sgd, adam,
     # adamw) or an import path to a factory ``params -> torch.optim.Optimizer``.
@@ -58,8 +60,16 @@ class TrainConfig:
     # path to a factory ``optimizer -> LRScheduler``; a linear warm-up over warmup_steps first.
     lr_schedule: str = "constant"
     warmup_steps: int = 0
+    warmup_epochs: float = 0.0  # the warm-up in epochs (adds to warmup_steps)
     lr_decay_every: int = 0  # the step schedule's period (0: a third of the run)
     lr_decay: float = 0.1  # the step schedule's factor
+    lr_decay_power: float = 2.0  # the poly schedule's power
+    # The linear scaling rule: when set, lr is the rate at this global batch and the optimizer
+    # takes lr * (batch_size * workers * accumulate) / lr_base_batch.
+    lr_base_batch: int = 0
+    # Clip the gradient's global norm to this before each update (after the all-reduce in the
+    # synchronous methods, so every rank clips alike; per worker elsewhere).
+    clip_grad_norm: float | None = None
     # The loss: cross-entropy, mse, l1, or an import path to ``loss(outputs, targets)`` or
     # ``loss(model, batch)`` (named so) returning a scalar tensor.
     loss: str = "cross-entropy"
@@ -67,6 +77,14 @@ class TrainConfig:
     # Evaluation metrics: names (accuracy) or import paths to ``metric(outputs, targets) ->
     # float``, averaged over the evaluation set; empty: the loss, plus accuracy for classifiers.
     metrics: tuple[str, ...] = ()
+    # Forward and backward in fp32, bf16 or fp16 (torch.autocast; fp32 weights and update;
+    # fp16 with dynamic loss scaling: initial loss_scale, x loss_scale_backoff and the step
+    # skipped on inf/NaN, x loss_scale_growth after loss_scale_growth_interval clean steps).
+    precision: str = "fp32"
+    loss_scale: float = 65536.0
+    loss_scale_growth_interval: int = 2000
+    loss_scale_growth: float = 2.0
+    loss_scale_backoff: float = 0.5
     # Backward passes per optimizer step (gradient accumulation): the batch of one update is
     # batch_size * workers * accumulate, and communication happens once per update.
     accumulate: int = 1
@@ -126,6 +144,14 @@ class TrainConfig:
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.workers
+
+    @property
+    def scaled_lr(self) -> float:
+        """The learning rate the optimizer takes: ``lr``, or with the linear scaling rule
+        (``lr_base_batch`` set) ``lr`` times the update's global batch over that base."""
+        if not self.lr_base_batch:
+            return self.lr
+        return self.lr * self.global_batch_size * self.accumulate / self.lr_base_batch
 
     @property
     def target_spec(self) -> Target | None:
@@ -190,6 +216,12 @@ class TrainConfig:
         if self.target is not None:
             parse_target(self.target)
         _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
+        _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
+        _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
+        if self.clip_grad_norm is not None:
+            _require(self.clip_grad_norm > 0, "clip_grad_norm must be > 0")
+        _require(self.lars_eta > 0, f"lars_eta must be > 0, got {self.lars_eta}")
         _require(self.lr_decay_every >= 0, "lr_decay_every must be >= 0")
         _require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
         _require(
@@ -197,6 +229,14 @@ class TrainConfig:
             f"label_smoothing must be in [0, 1), got {self.label_smoothing}",
         )
         _require(self.accumulate >= 1, f"accumulate must be >= 1, got {self.accumulate}")
+        _require(
+            self.precision in PRECISIONS,
+            f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}",
+        )
+        _require(self.loss_scale > 0, "loss_scale must be > 0")
+        _require(self.loss_scale_growth_interval >= 1, "loss_scale_growth_interval must be >= 1")
+        _require(self.loss_scale_growth >= 1, "loss_scale_growth must be >= 1")
+        _require(0 < self.loss_scale_backoff < 1, "loss_scale_backoff must be in (0, 1)")
         _require(self.eval_batch_size >= 1, "eval_batch_size must be >= 1")
         _require(self.loader_workers >= 0, "loader_workers must be >= 0")
         return self

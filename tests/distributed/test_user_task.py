@@ -186,6 +186,19 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
         eval_every=5,
     )
     out["accumulated"] = _weights(base / "accumulated" / "model.pt")
+    # Clipping after the all-reduce: 3 workers x 8 clip the mean gradient as one process would.
+    _train(
+        base,
+        "clipped",
+        _task(optimizer=None),
+        lr=0.1,
+        momentum=0.0,
+        batch_size=8,
+        steps=5,
+        eval_every=5,
+        clip_grad_norm=0.05,
+    )
+    out["clipped"] = _weights(base / "clipped" / "model.pt")
     # sync-easgd twice: bitwise the same weights
     for name in ("easgd-a", "easgd-b"):
         _train(base, name, _task(optimizer=None), method="sync-easgd", lr=0.4, steps=20)
@@ -232,19 +245,23 @@ def _single_process() -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
 
-def _single_process_accumulated() -> np.ndarray:
-    """sync-sgd with batch 4 x 3 workers and 2 passes per update = one process on the union
-    of two consecutive global batches of 12."""
+def _single_process_sgd(
+    per_worker: int, accumulate: int = 1, clip: float | None = None
+) -> np.ndarray:
+    """Plain SGD in one process on what the 3 workers see together: ``accumulate`` consecutive
+    global batches of ``per_worker * 3`` per update, the gradient clipped to ``clip``."""
     train, _ = data()
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = GlobalBatchSampler(len(train), 4 * WORLD, seed=0)
+    sampler = GlobalBatchSampler(len(train), per_worker * WORLD, seed=0)
     x, y = train.tensors
     for step in range(5):
-        idx = torch.cat([sampler.global_indices(2 * step), sampler.global_indices(2 * step + 1)])
+        idx = torch.cat([sampler.global_indices(accumulate * step + k) for k in range(accumulate)])
         opt.zero_grad()
         SMOOTHED(model(x[idx]), y[idx]).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), clip)
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()]).numpy()
 
@@ -278,7 +295,10 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
         for rank in range(1, WORLD):  # the schedule stands at the global step the server sent
             position, global_step, own = results[rank][method]["schedule"]
             assert position == global_step and global_step > 0, (method, rank, position, own)
-    assert _rel(results[0]["accumulated"], _single_process_accumulated()) < REL_TOL
+    assert _rel(results[0]["accumulated"], _single_process_sgd(4, accumulate=2)) < REL_TOL
+    clipped = _single_process_sgd(8, clip=0.05)
+    assert _rel(results[0]["clipped"], clipped) < REL_TOL
+    assert _rel(clipped, _single_process_sgd(8)) > 1e-3  # the clip was active
     a, b = (_weights(tmp_path / n / "model.pt") for n in ("easgd-a", "easgd-b"))
     assert np.array_equal(a, b)
     whole, resumed = (_weights(tmp_path / n / "model.pt") for n in ("whole", "part"))

@@ -55,3 +55,10 @@ def test_sync_sgd_trains_on_the_gpu(tmp_path: Path) -> None:
 def test_replicated_methods_train_on_the_gpu(tmp_path: Path, method: list[str]) -> None:
     summary = _train(tmp_path / "run", *method)
     assert summary["final_test_accuracy"] > 0.6, summary["final_test_accuracy"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_trains_on_the_gpu(tmp_path: Path, precision: str) -> None:
+    """fp16 with dynamic loss scaling, bf16 without: autocast on CUDA, fp32 weights."""
+    summary = _train(tmp_path / "run", "--method", "sync-sgd", "--precision", precision)
+    assert summary["final_test_accuracy"] > 0.7, summary["final_test_accuracy"]

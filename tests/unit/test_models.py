@@ -20,7 +20,7 @@ def _build(name: str, shape: tuple[int, int, int], seed: int = 0) -> nn.Module:
 
 
 def test_registry_lists_the_reference_models() -> None:
-    assert set(MODELS.names()) == {"mlp", "lenet5", "cnn", "resnet8"}
+    assert set(MODELS.names()) == {"mlp", "lenet5", "lenet5-bn", "cnn", "resnet8"}
     for name in MODELS.names():
         assert MODELS.describe(name)
 

@@ -3,18 +3,22 @@ optimizers, and warm-up followed by each schedule."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
 import torch
 
 from tether.optim import (
+    LAMB,
+    LARS,
     LookaheadNesterov,
     NamedOptimizer,
     NamedSchedule,
     OptimizerSettings,
     ScheduleSettings,
     build_schedule,
+    linear_scaling,
     needs_closure,
 )
 
@@ -59,8 +63,8 @@ def test_named_optimizers_use_the_run_settings() -> None:
     assert (group["lr"], group["momentum"], group["nesterov"]) == (0.3, 0.8, True)
     adamw = NamedOptimizer("adamw", settings)([p])
     assert isinstance(adamw, torch.optim.AdamW) and adamw.param_groups[0]["weight_decay"] == 0.01
-    with pytest.raises(Exception, match="valid optimizers: sgd, adam, adamw"):
-        NamedOptimizer("lamb", settings)
+    with pytest.raises(Exception, match="valid optimizers: sgd, adam, adamw, lars, lamb"):
+        NamedOptimizer("novograd", settings)
 
 
 def _rates(name: str, warmup: int, total: int, **kw: float) -> list[float]:
@@ -96,3 +100,94 @@ def test_a_named_schedule_gets_the_run_length() -> None:
         sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
     assert NamedSchedule("constant", ScheduleSettings())(opt, total_steps=4) is None
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+
+
+def _train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 5) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 5, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+def test_lars_with_the_trust_ratio_forced_to_one_is_momentum_sgd_exactly() -> None:
+    a, b = _net(), _net()
+    lars = LARS(a.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3, trust_ratio=False,
+                exclude=None)  # fmt: skip
+    sgd = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    assert torch.equal(_train(a, lars), _train(b, sgd))
+
+
+def test_lars_scales_each_layer_by_its_trust_ratio_and_spares_biases() -> None:
+    w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))  # ||w|| = 5
+    bias = torch.nn.Parameter(torch.tensor([1.0]))
+    w.grad, bias.grad = torch.tensor([[0.6, 0.8]]), torch.tensor([0.5])  # ||g|| = 1
+    lr, wd, eta = 0.1, 0.01, 0.002
+    LARS([w, bias], lr=lr, momentum=0.0, weight_decay=wd, eta=eta, eps=0.0).step()
+    trust = eta * 5.0 / (1.0 + wd * 5.0)
+    expected = torch.tensor([[3.0, 4.0]]) - lr * trust * (
+        torch.tensor([[0.6, 0.8]]) + wd * torch.tensor([[3.0, 4.0]])
+    )
+    assert torch.allclose(w.detach(), expected, rtol=1e-6)
+    assert torch.allclose(bias.detach(), torch.tensor([1.0 - lr * 0.5]))  # no ratio, no decay
+    # LARC's clip mode: the local rate never exceeds the global one.
+    v = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))
+    v.grad = torch.tensor([[0.006, 0.008]])  # a tiny gradient: the ratio would exceed 1/lr
+    LARS([v], lr=lr, momentum=0.0, eta=eta, eps=0.0, clip=True).step()
+    assert torch.allclose(v.detach(), torch.tensor([[3.0, 4.0]]) - lr * v.grad)
+
+
+def test_lamb_with_the_ratio_forced_to_one_is_adamw() -> None:
+    a, b = _net(), _net()
+    lamb = LAMB(
+        a.parameters(), lr=0.01, eps=1e-8, weight_decay=0.05, trust_ratio=False, exclude=None
+    )
+    adamw = torch.optim.AdamW(b.parameters(), lr=0.01, eps=1e-8, weight_decay=0.05)
+    assert torch.allclose(_train(a, lamb), _train(b, adamw), rtol=1e-5, atol=1e-7)
+
+
+def test_lamb_scales_the_adam_update_by_the_layer_trust_ratio() -> None:
+    w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))
+    w.grad = torch.tensor([[1.0, -2.0]])
+    LAMB([w], lr=0.1, eps=0.0, weight_decay=0.0).step()
+    update = torch.tensor([[1.0, -1.0]])  # the first Adam step: sign(g)
+    expected = torch.tensor([[3.0, 4.0]]) - 0.1 * (5.0 / update.norm()) * update
+    assert torch.allclose(w.detach(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [LARS, LAMB])
+def test_trust_ratio_state_loads_safely(cls: type) -> None:
+    net = _net()
+    opt = cls(net.parameters(), lr=0.01)
+    _train(net, opt, steps=2)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)  # no callable in the checkpoint
+    again = cls(_net().parameters(), lr=0.01)
+    again.load_state_dict(state)
+    assert again.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
+    assert _rates("poly", 0, 4) == pytest.approx([1.0, 0.5625, 0.25, 0.0625])  # (1 - s/4)^2
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    settings = ScheduleSettings(warmup_epochs=0.5, power=1.0)
+    sched = NamedSchedule("poly", settings)(opt, total_steps=12, steps_per_epoch=8)
+    assert sched is not None
+    rates = []
+    for _ in range(12):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # half an epoch of 8 steps
+    assert rates[4:] == pytest.approx([1 - s / 8 for s in range(8)])
+    assert linear_scaling(0.1, global_batch=8192, base_batch=256) == pytest.approx(3.2)

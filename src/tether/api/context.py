@@ -12,6 +12,7 @@ once the user's script has built them, so the server stays in the script up to `
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from tether.launch.env import DistEnv
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.metrics import PhaseTotals
+from tether.precision import Precision
 from tether.training.method_optimizer import MethodOptimizer
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
@@ -150,6 +152,17 @@ class Context:
             self.workers,
             self.config.seed if seed is None else seed,
         )
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The run's precision for a forward pass: ``with ctx.autocast(): loss = ...``
+        (``torch.autocast`` in bf16 or fp16 on ``ctx.device``; nothing in fp32)."""
+        return Precision(self.config.precision).autocast(self.device)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``; under fp16 of the loss times the loss scale (the optimizer's
+        step then unscales, and skips a step whose gradients overflowed). Use it in place of
+        ``loss.backward()`` whatever the precision."""
+        self._bound().backward_loss(loss)
 
     def eval_model(self) -> nn.Module:
         """The model to evaluate and save: the replica (sync-sgd), the mean of the replicas

@@ -35,6 +35,7 @@ class AsyncSGD(ServerMethod):
         super().__init__(*args, **kwargs)
         self.tau = self.config.tau
         self.accumulated = torch.zeros_like(self.flat)
+        self.pushable = 0  # the accumulated batches whose gradient did not overflow (fp16)
         # Server: the version of the weights, and the version each worker last received.
         self.version = 0
         self.sent_version = dict.fromkeys(range(1, self.transport.world_size), 0)
@@ -44,15 +45,28 @@ class AsyncSGD(ServerMethod):
     # -- worker ----------------------------------------------------------------------------------
     def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
         loss = backward()
-        self.accumulated.add_(flat_gradient(self.model), alpha=self.grad_scale)
+        self.scale_gradients()
+        overflow = self.unscale_gradients()
+        if self.scaler is not None:
+            self.scaler.update(overflow)
+        if not overflow:  # a gradient that overflowed (fp16) is never pushed
+            self.clip_gradients()  # per worker: the server applies each push as it comes
+            self.accumulated.add_(flat_gradient(self.model))
+            self.pushable += 1
         self.local_step += 1
         if self.local_step % self.tau == 0:
             start = self.clock()
-            self.accumulated.div_(self.tau)
-            weights = self.link.exchange(self.accumulated, MessageKind.GRADIENT, self.local_step)
+            if self.pushable:
+                self.accumulated.div_(self.pushable)
+                weights = self.link.exchange(
+                    self.accumulated, MessageKind.GRADIENT, self.local_step
+                )
+            else:  # nothing clean to push: just take the current weights
+                weights = self.link.fetch(self.local_step)
             if weights is not None:
                 self.flat.copy_(weights)
             self.accumulated.zero_()
+            self.pushable = 0
             times.waited(start, self.clock())
         return loss
 

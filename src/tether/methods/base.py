@@ -37,6 +37,7 @@ from tether.errors import TetherError
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
 from tether.optim.schedules import check_schedule
+from tether.precision import LossScaler, Precision, ScalerSettings
 
 # How far one report of the global step may move a worker's schedule (each step of a
 # scheduler is a few microseconds of Python: a bound keeps a bad value from stalling a worker).
@@ -95,15 +96,6 @@ class MethodContext:
     placement: Placement = field(default_factory=Placement)
 
 
-def optimizer_settings(config: TrainConfig) -> OptimizerSettings:
-    return OptimizerSettings(
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.nesterov,
-        weight_decay=config.weight_decay,
-    )
-
-
 class TrainingMethod(ABC):
     """Base class of every method (the table of names is :data:`tether.methods.METHODS`).
 
@@ -146,6 +138,15 @@ class TrainingMethod(ABC):
         check_distributable(optimizer)
         self.optimizer = optimizer
         self.scheduler = check_schedule(scheduler)
+        self.precision = Precision(self.config.precision)
+        self.scaler: LossScaler | None = None
+        if self.precision.scales_loss:
+            if needs_closure(optimizer):
+                raise TetherError(
+                    f"{type(optimizer).__name__} takes its gradient inside step(), where fp16's "
+                    "loss scale cannot be checked: use bf16, or another optimizer"
+                )
+            self.scaler = LossScaler(ScalerSettings.of(self.config), self.overflow_sharing())
         self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k
         # backward passes (set by the caller).
@@ -155,7 +156,7 @@ class TrainingMethod(ABC):
     def build_default_optimizer(
         cls, params: Iterable[torch.Tensor], config: TrainConfig
     ) -> torch.optim.Optimizer:
-        return LOCAL_STEPS[cls.local_step_name](params, optimizer_settings(config))
+        return LOCAL_STEPS[cls.local_step_name](params, OptimizerSettings.of(config))
 
     def clock(self) -> float:
         """``time.perf_counter()`` once the device has run what was queued: CUDA kernels run
@@ -206,17 +207,23 @@ class TrainingMethod(ABC):
         wait: Callable[[], tuple[float, float]] | None = None,
     ) -> torch.Tensor | None:
         """The step seam: backward, then ``wait`` for the gradients' communication (its
-        interval is exposed communication), then the optimizer's step and the schedule's.
+        interval is exposed communication), the gradients' accumulation scale, fp16's unscaling
+        and overflow check, clipping, then the optimizer's step and the schedule's. A step whose
+        gradients overflowed (fp16) is skipped: no update, no schedule step.
 
-        An optimizer that evaluates the loss itself (LBFGS, EAMSGD's look-ahead) gets the
-        backward and the wait as its closure; others step after them, so the timeline times the
-        update alone."""
+        An optimizer that evaluates the loss itself (EAMSGD's look-ahead) gets all that as its
+        closure; others step after it, so the timeline times the update alone."""
+        overflow = False
 
         def closure() -> torch.Tensor | None:
+            nonlocal overflow
             loss = backward()
             if wait is not None:
                 times.waited(*wait())
             self.scale_gradients()
+            overflow = self.unscale_gradients()
+            if not overflow:
+                self.clip_gradients()
             return loss
 
         if needs_closure(self.optimizer):
@@ -224,11 +231,39 @@ class TrainingMethod(ABC):
             loss = cast(Any, self.optimizer).step(closure)
         else:
             loss = closure()
-            self.optimizer.step()
+            if not overflow:
+                self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update(overflow)
         self.local_step += 1
-        if self.scheduler is not None and self.schedule_per_step:
+        if self.scheduler is not None and self.schedule_per_step and not overflow:
             self.scheduler.step()
         return loss
+
+    # -- mixed precision -----------------------------------------------------------------------
+    def backward_loss(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, of the scaled loss under fp16 (what ``ctx.backward`` does)."""
+        (self.scaler.scale_loss(loss) if self.scaler is not None else loss).backward()
+
+    def overflow_sharing(self) -> Callable[[torch.Tensor], None] | None:
+        """How this rank's fp16 overflow flag reaches the others: None (each worker decides
+        alone), or a MAX all-reduce over the ranks that must skip together."""
+        return None
+
+    def gradients_to_unscale(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def unscale_gradients(self) -> bool:
+        """fp16: divide the gradients by the loss scale; True when they overflowed (the step is
+        then skipped). Always False in fp32 and bf16."""
+        if self.scaler is None:
+            return False
+        if not self.scaler.scaled:
+            raise TetherError(
+                "with precision fp16 the loss must be scaled before backward: call "
+                "ctx.backward(loss) instead of loss.backward()"
+            )
+        return self.scaler.unscale(self.gradients_to_unscale())
 
     # Synchronous methods step their schedule with every optimizer step; asynchronous ones
     # follow the global update count instead (:meth:`advance_schedule`).
@@ -253,6 +288,15 @@ class TrainingMethod(ABC):
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, self.grad_scale)
+
+    def clip_gradients(self) -> None:
+        """Clip the gradient's global norm to ``clip_grad_norm`` (torch's
+        ``clip_grad_norm_``): called after the gradients' communication, so the replicas of a
+        synchronous method clip identical gradients alike."""
+        max_norm = self.config.clip_grad_norm
+        if max_norm is not None:
+            grads = [p for p in self.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(grads, max_norm)
 
     def set_gradient_sync(self, enabled: bool) -> None:
         """Whether the next backward pass is the last one before an optimizer step (gradient
@@ -284,6 +328,8 @@ class TrainingMethod(ABC):
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -291,3 +337,5 @@ class TrainingMethod(ABC):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

@@ -229,7 +229,11 @@ class ServerEndpoint:
         if rank in self.state.lost:
             return False  # given up on as hung; its late messages change nothing
         if msg.header.kind is MessageKind.PULL:
-            return True  # a read of the server's vector: no step of the worker's
+            # A read of the server's vector; with a step (a worker whose gradients all
+            # overflowed) it also reports how far the worker has come.
+            if msg.header.step and self.plausible_step(rank, msg.header.step):
+                self.state.local_steps[rank] = msg.header.step
+            return rank not in self.state.lost
         if not self.plausible_step(rank, msg.header.step):
             return False
         if msg.header.kind is MessageKind.STOP:

@@ -48,13 +48,13 @@ class WorkerEndpoint:
         self.global_step = max(self.global_step, msg.header.step)
         return msg.payload
 
-    def fetch(self) -> torch.Tensor | None:
+    def fetch(self, step: int = 0) -> torch.Tensor | None:
         """The server's current vector (its weights or center), without changing it: a PULL
         message and its reply. None when the server has already stopped this worker."""
         if self.stop_requested:
             return None
         empty = torch.empty(0, dtype=self.params.dtype)
-        self.transport.send_message(empty, SERVER, MessageKind.PULL, channel=DATA_CHANNEL)
+        self.transport.send_message(empty, SERVER, MessageKind.PULL, step, DATA_CHANNEL)
         reply = self.exchange_reply()
         return None if self.stop_requested else reply
 

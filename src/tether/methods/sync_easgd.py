@@ -15,6 +15,7 @@ The local steps are the user's optimizer (plain SGD by default, as in the paper)
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,6 +67,11 @@ class SyncEASGD(TrainingMethod):
             if not self.config.overlap:
                 times.waited(*self._complete_round())
         return loss
+
+    def overflow_sharing(self) -> Callable[[torch.Tensor], None]:
+        """fp16: the workers reduce no gradients, so their overflow flags are all-reduced with
+        MAX every step and all of them skip the same step (their rounds stay in lockstep)."""
+        return lambda flag: self.transport.all_reduce(flag, op="max")
 
     def _all_reduce_async(self, flat: torch.Tensor) -> list[PendingReduce]:
         """One message of the whole vector, or (co-design switch off) one per layer."""

@@ -71,6 +71,21 @@ class SyncSGD(TrainingMethod):
         if self.grad_scale != 1.0:
             self.bucketer.flat.mul_(self.grad_scale)  # every gradient is a view of it
 
+    def gradients_to_unscale(self) -> list[torch.Tensor]:
+        # After the all-reduce every rank holds the same sum, so an inf or NaN on any rank is in
+        # every rank's buffer: the overflow decision is the same everywhere without a flag.
+        return [self.bucketer.flat]
+
+    def clip_gradients(self) -> None:
+        """The global norm over the fused buffer at once (every gradient is a view of it), with
+        ``clip_grad_norm_``'s formula; after the all-reduce, so every rank clips alike."""
+        max_norm = self.config.clip_grad_norm
+        if max_norm is None:
+            return
+        flat = self.bucketer.flat
+        coefficient = max_norm / (torch.linalg.vector_norm(flat) + 1e-6)
+        flat.mul_(torch.clamp(coefficient, max=1.0))
+
     def finish(self, totals: PhaseTotals | None) -> None:
         del totals
         self.reducer.close()

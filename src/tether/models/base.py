@@ -18,7 +18,7 @@ from torch import nn
 
 from tether.errors import TetherError
 from tether.models.cnn import build_cnn
-from tether.models.lenet import build_lenet5
+from tether.models.lenet import build_lenet5, build_lenet5_bn
 from tether.models.mlp import build_mlp
 from tether.models.resnet import build_resnet8
 from tether.registry import Registry
@@ -29,6 +29,7 @@ ModelBuilder = Callable[[tuple[int, int, int], int], nn.Module]
 MODELS: Registry[ModelBuilder] = Registry("model")
 MODELS.register("mlp")(build_mlp)
 MODELS.register("lenet5")(build_lenet5)
+MODELS.register("lenet5-bn")(build_lenet5_bn)
 MODELS.register("cnn")(build_cnn)
 MODELS.register("resnet8")(build_resnet8)
 

@@ -47,7 +47,9 @@ class LeNet5(nn.Module):
     Proc. IEEE 86(11)) with ReLU and max-pooling; geometry adapted to ``in_shape``.
     """
 
-    def __init__(self, in_shape: tuple[int, int, int], num_classes: int) -> None:
+    def __init__(
+        self, in_shape: tuple[int, int, int], num_classes: int, batch_norm: bool = False
+    ) -> None:
         super().__init__()
         c, h, w = in_shape
         pad1 = (_padding(h, _CLASSIC_CONV1_INPUT), _padding(w, _CLASSIC_CONV1_INPUT))
@@ -56,21 +58,22 @@ class LeNet5(nn.Module):
         h2, w2 = _conv_pool(h1, pad2[0]), _conv_pool(w1, pad2[1])
         if min(h1, w1, h2, w2) < 1:
             raise TetherError(f"lenet5 needs inputs of at least 4x4 pixels, got {h}x{w}")
+
         # Layers in forward order (see models/base.py on why the order matters).
+        def norm(layer: nn.Module, channels: int, kind: type[nn.Module]) -> list[nn.Module]:
+            # The batch-norm variant normalises after each hidden layer, before the ReLU.
+            return [layer, kind(channels), nn.ReLU()] if batch_norm else [layer, nn.ReLU()]
+
         self.features = nn.Sequential(
-            nn.Conv2d(c, 6, _KERNEL, padding=pad1),
-            nn.ReLU(),
+            *norm(nn.Conv2d(c, 6, _KERNEL, padding=pad1), 6, nn.BatchNorm2d),
             nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, _KERNEL, padding=pad2),
-            nn.ReLU(),
+            *norm(nn.Conv2d(6, 16, _KERNEL, padding=pad2), 16, nn.BatchNorm2d),
             nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(16 * h2 * w2, 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
+            *norm(nn.Linear(16 * h2 * w2, 120), 120, nn.BatchNorm1d),
+            *norm(nn.Linear(120, 84), 84, nn.BatchNorm1d),
             nn.Linear(84, num_classes),
         )
 
@@ -81,3 +84,8 @@ class LeNet5(nn.Module):
 def build_lenet5(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """LeNet-5 (LeCun et al. 1998) with ReLU and max-pooling, ~61.7k params on 28x28."""
     return LeNet5(in_shape, num_classes)
+
+
+def build_lenet5_bn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """LeNet-5 with batch norm after every hidden layer (the large-batch benchmarks' variant)."""
+    return LeNet5(in_shape, num_classes, batch_norm=True)

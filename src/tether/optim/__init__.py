@@ -17,10 +17,20 @@ from tether.optim.builders import (
     plain_sgd,
     sgd,
 )
+from tether.optim.lamb import LAMB
+from tether.optim.lars import LARS
 from tether.optim.lookahead_nesterov import LookaheadNesterov
-from tether.optim.schedules import SCHEDULES, NamedSchedule, ScheduleSettings, build_schedule
+from tether.optim.schedules import (
+    SCHEDULES,
+    NamedSchedule,
+    ScheduleSettings,
+    build_schedule,
+    linear_scaling,
+)
 
 __all__ = [
+    "LAMB",
+    "LARS",
     "LOCAL_STEPS",
     "OPTIMIZERS",
     "SCHEDULES",
@@ -32,6 +42,7 @@ __all__ = [
     "ScheduleSettings",
     "build_schedule",
     "check_distributable",
+    "linear_scaling",
     "lookahead_nesterov",
     "needs_closure",
     "plain_sgd",

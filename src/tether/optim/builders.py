@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.optim.lamb import LAMB
+from tether.optim.lars import LARS
 from tether.optim.lookahead_nesterov import LookaheadNesterov
 from tether.registry import Registry
 
@@ -29,6 +32,17 @@ class OptimizerSettings:
     momentum: float = 0.0
     nesterov: bool = False
     weight_decay: float = 0.0
+    lars_eta: float = 0.001
+
+    @staticmethod
+    def of(config: TrainConfig) -> OptimizerSettings:
+        return OptimizerSettings(
+            lr=config.scaled_lr,
+            momentum=config.momentum,
+            nesterov=config.nesterov,
+            weight_decay=config.weight_decay,
+            lars_eta=config.lars_eta,
+        )
 
 
 OptimizerBuilder = Callable[[Params, OptimizerSettings], torch.optim.Optimizer]
@@ -66,6 +80,16 @@ def adamw(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
 
 
+def lars(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
+    """LARS with the run's momentum, weight decay and trust coefficient (``lars_eta``)."""
+    return LARS(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, eta=s.lars_eta)
+
+
+def lamb(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
+    """LAMB with the run's weight decay."""
+    return LAMB(params, lr=s.lr, weight_decay=s.weight_decay)
+
+
 OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optimizer")
 # The local steps methods use when the user names no optimizer (``TrainingMethod.local_step_name``).
 LOCAL_STEPS: dict[str, OptimizerBuilder] = {
@@ -76,6 +100,8 @@ LOCAL_STEPS: dict[str, OptimizerBuilder] = {
 OPTIMIZERS.register("sgd", help="SGD with --momentum (and nesterov=true), --weight-decay")(sgd)
 OPTIMIZERS.register("adam", help="Adam, --weight-decay as L2")(adam)
 OPTIMIZERS.register("adamw", help="AdamW, decoupled --weight-decay")(adamw)
+OPTIMIZERS.register("lars", help="LARS: momentum SGD with a per-layer trust ratio (lars_eta)")(lars)
+OPTIMIZERS.register("lamb", help="LAMB: AdamW with a per-layer trust ratio")(lamb)
 
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:

@@ -8,9 +8,14 @@ a linear warm-up from ``1 / warmup_steps`` to 1 over ``warmup_steps`` steps (Goy
 - ``constant``: 1;
 - ``step``: ``decay ** (s // decay_every)``, ``s`` counted after the warm-up;
 - ``cosine``: ``0.5 * (1 + cos(pi * s / (total - warmup)))`` (Loshchilov and Hutter, SGDR,
-  without restarts), reaching 0 at the last step.
+  without restarts), reaching 0 at the last step;
+- ``poly``: ``(1 - s / (total - warmup)) ** power`` (power 2 by default: Jia et al. 2018 train
+  ResNet-50 at a 64k batch with LARS, warm-up and this decay), reaching 0 at the last step.
 
-A user's own schedule comes as a factory ``optimizer -> LRScheduler`` instead.
+The warm-up is given in steps (``warmup_steps``) or in epochs (``warmup_epochs``, converted with
+the run's steps per epoch). A user's own schedule comes as a factory ``optimizer ->
+LRScheduler`` instead. :func:`linear_scaling` is the linear scaling rule (Goyal et al. 2017):
+the rate for a global batch, from a rate tuned at a base batch.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class ScheduleSettings:
     warmup_steps: int = 0
     decay_every: int = 0
     decay: float = 0.1
+    power: float = 2.0
+    warmup_epochs: float = 0.0  # converted to steps (it adds to warmup_steps)
 
 
 Factor = Callable[[ScheduleSettings, int], float]
@@ -57,12 +64,18 @@ def _cosine(s: ScheduleSettings, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(step, span) / span))
 
 
+def _poly(s: ScheduleSettings, step: int) -> float:
+    span = max(1, s.total_steps - s.warmup_steps)
+    return float((1.0 - min(step, span) / span) ** s.power)
+
+
 SCHEDULES: Registry[Factor] = Registry("learning-rate schedule")
 SCHEDULES.register("constant", help="the learning rate as given (after any warm-up)")(_constant)
 SCHEDULES.register(
     "step", help="x lr_decay every lr_decay_every steps (default: a third of the run)"
 )(_step)
 SCHEDULES.register("cosine", help="cosine decay to 0 at the last step")(_cosine)
+SCHEDULES.register("poly", help="polynomial decay to 0, (1 - s/S)^lr_decay_power")(_poly)
 
 
 class WarmupFactor:
@@ -79,12 +92,13 @@ class WarmupFactor:
         self.warmup_steps = settings.warmup_steps
         self.decay_every = settings.decay_every
         self.decay = settings.decay
+        self.power = settings.power
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         settings = ScheduleSettings(
-            self.total_steps, self.warmup_steps, self.decay_every, self.decay
+            self.total_steps, self.warmup_steps, self.decay_every, self.decay, self.power
         )
         return SCHEDULES.get(self.name)(settings, step - self.warmup_steps)
 
@@ -101,21 +115,33 @@ def build_schedule(
 
 
 class NamedSchedule:
-    """A factory ``(optimizer, total_steps) -> LRScheduler`` for a registered name and the run's
-    settings (an object, so it pickles to worker processes); the trainer passes the run's length."""
+    """A factory ``(optimizer, total_steps, steps_per_epoch) -> LRScheduler`` for a registered
+    name and the run's settings (an object, so it pickles to worker processes); the trainer
+    passes the run's length and its steps per epoch (for a warm-up given in epochs)."""
 
     def __init__(self, name: str, settings: ScheduleSettings) -> None:
         SCHEDULES.get(name)  # an unknown name fails here, listing the valid ones
         self.name, self.settings = name, settings
 
     def __call__(
-        self, optimizer: torch.optim.Optimizer, total_steps: int
+        self, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int = 1
     ) -> torch.optim.lr_scheduler.LRScheduler | None:
-        settings = dataclasses.replace(self.settings, total_steps=total_steps)
+        warmup = self.settings.warmup_steps + round(self.settings.warmup_epochs * steps_per_epoch)
+        settings = dataclasses.replace(
+            self.settings, total_steps=total_steps, warmup_steps=warmup, warmup_epochs=0.0
+        )
         return build_schedule(self.name, optimizer, settings)
 
     def __repr__(self) -> str:
         return f"NamedSchedule({self.name!r}, {self.settings})"
+
+
+def linear_scaling(base_lr: float, global_batch: int, base_batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017): ``base_lr * global_batch / base_batch``, the
+    rate for a global batch from one tuned at ``base_batch`` (use it with a warm-up)."""
+    if base_batch < 1 or global_batch < 1:
+        raise ValueError("batch sizes must be >= 1")
+    return base_lr * global_batch / base_batch
 
 
 def check_schedule(scheduler: object) -> torch.optim.lr_scheduler.LRScheduler | None:
@@ -141,15 +167,20 @@ def check_schedule(scheduler: object) -> torch.optim.lr_scheduler.LRScheduler | 
 
 
 def build_scheduler(
-    factory: Callable[..., Any] | None, optimizer: torch.optim.Optimizer, total_steps: int
+    factory: Callable[..., Any] | None,
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    steps_per_epoch: int = 1,
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """A task's schedule over ``optimizer``: ``factory(optimizer)``, or with the run's length
-    for a factory that takes ``total_steps`` (the named schedules do); checked."""
+    """A task's schedule over ``optimizer``: ``factory(optimizer)``, plus the run's length and
+    steps per epoch for a factory that takes ``total_steps`` / ``steps_per_epoch`` (the named
+    schedules do); checked."""
     if factory is None:
         return None
     try:
-        wants_total = "total_steps" in inspect.signature(factory).parameters
+        wanted = set(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
-        wants_total = False
-    scheduler = factory(optimizer, total_steps=total_steps) if wants_total else factory(optimizer)
+        wanted = set()
+    extra = {"total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+    scheduler = factory(optimizer, **{k: v for k, v in extra.items() if k in wanted})
     return check_schedule(scheduler)

@@ -108,7 +108,7 @@ class Trainer:
             if task.optimizer is not None
             else method_cls.build_default_optimizer(model.parameters(), config)
         )
-        scheduler = build_scheduler(task.scheduler, optimizer, self.total_steps)
+        scheduler = build_scheduler(task.scheduler, optimizer, self.total_steps, spe)
         context = MethodContext(config, self.transport, self.device, runtime.placement)
         self.method: TrainingMethod = method_cls(model, context, optimizer, scheduler)
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
@@ -260,8 +260,9 @@ class Trainer:
         the gradients first as a torch closure does (during an accumulation that does
         nothing)."""
         self.optimizer.zero_grad()
-        result = self.objective(self.method.model, batch)
-        result.loss.backward()
+        with self.method.precision.autocast(self.device):
+            result = self.objective(self.method.model, batch)
+        self.method.backward_loss(result.loss)
         return result.loss.detach()
 
     def _step_loop(self) -> int:
@@ -468,7 +469,7 @@ class Trainer:
             "batch_size": config.batch_size,
             "accumulate": config.accumulate,
             "global_batch_size": config.batch_size * self.workers * config.accumulate,
-            "lr": config.lr,
+            "lr": config.scaled_lr,  # with the linear scaling rule applied, if asked
             "optimizer": type(self.method.optimizer).__name__,
             "lr_schedule": (
                 type(self.method.scheduler).__name__ if self.method.scheduler else None

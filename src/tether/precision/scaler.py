@@ -1,0 +1,99 @@
+"""Dynamic loss scaling for fp16, with torch's ``GradScaler`` semantics, inside a method's step.
+
+The loss is multiplied by a scale ``S`` before backward, so that small gradients survive fp16;
+before the update the gradients are divided by ``S``. If any of them is inf or NaN the step is
+skipped and ``S`` halves; after ``growth_interval`` clean steps in a row ``S`` doubles (initial
+``2**16``, factors 2 and 0.5, interval 2000: ``torch.amp.GradScaler``'s defaults).
+
+Why not ``GradScaler`` itself: the decision must be taken at the right point of a distributed
+step. In sync-sgd the gradients are unscaled after their all-reduce (unscaling during it would
+touch buffers still in flight), and an inf on one rank reaches every rank through the sum; in
+sync-easgd, whose workers reduce no gradients, the overflow flags are all-reduced with MAX so that
+every rank skips the same step (as FSDP's sharded scaler and Megatron do); the other methods'
+workers decide alone, and a parameter-server worker never pushes a gradient that overflowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tether.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class ScalerSettings:
+    """``loss_scale`` (initial), ``loss_scale_growth_interval``, ``loss_scale_growth``,
+    ``loss_scale_backoff`` (config keys of the same names)."""
+
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+
+    @staticmethod
+    def of(config: TrainConfig) -> ScalerSettings:
+        return ScalerSettings(
+            config.loss_scale,
+            config.loss_scale_growth_interval,
+            config.loss_scale_growth,
+            config.loss_scale_backoff,
+        )
+
+
+class LossScaler:
+    """The scale and its bookkeeping; ``share`` (a MAX all-reduce of the overflow flag, or None)
+    makes every rank of a group take the same decision."""
+
+    def __init__(
+        self,
+        settings: ScalerSettings = ScalerSettings(),
+        share: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.scale = float(settings.init_scale)
+        self.clean_steps = 0  # steps since the last overflow
+        self.skipped = 0  # steps skipped for an overflow, in this run
+        self.share = share
+        self.scaled = False  # whether the last backward pass was of a scaled loss
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        self.scaled = True
+        return loss * self.scale
+
+    def unscale(self, grads: Iterable[torch.Tensor]) -> bool:
+        """Divide the gradients by the scale in place; True when any is inf or NaN (on any rank
+        of the sharing group)."""
+        grads = [g for g in grads if g is not None]
+        found = torch.zeros(1, dtype=torch.float32)
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / self.scale)
+            norms = torch.stack([g.detach().float().abs().amax() for g in grads])
+            found = (~torch.isfinite(norms)).any().float().reshape(1).cpu()
+        if self.share is not None:
+            self.share(found)
+        self.scaled = False
+        return bool(found.item())
+
+    def update(self, overflow: bool) -> None:
+        """After a step: back off on an overflow, grow after enough clean steps."""
+        if overflow:
+            self.scale *= self.settings.backoff_factor
+            self.clean_steps = 0
+            self.skipped += 1
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= self.settings.growth_interval:
+            self.scale *= self.settings.growth_factor
+            self.clean_steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.clean_steps = int(state["clean_steps"])
+        self.skipped = int(state.get("skipped", 0))
