@@ -100,7 +100,7 @@ class TrainingMethod(ABC):
     """Base class of every method (the table of names is :data:`tether.methods.METHODS`).
 
     Built with the model (already on its device), the optimizer over its parameters (the method's
-    own default when None: :attr:`default_optimizer`) and optionally a learning-rate scheduler
+    own local step when None: :attr:`local_step_name`) and optionally a learning-rate scheduler
     over that optimizer, which the method steps: once per optimizer step, or for asynchronous
     methods on the global update count.
     """

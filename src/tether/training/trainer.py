@@ -14,8 +14,6 @@ object ``tether.init``'s ``wrap`` hands a user's own loop.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,8 +26,7 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler
-from tether.errors import TetherError
-from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
+from tether.methods import Placement, Role, TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
@@ -43,10 +40,11 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
-from tether.optim.schedules import build_scheduler
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
+from tether.training.build import build_method, computing_workers, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
 from tether.training.evaluation import Evaluator
+from tether.training.faults import maybe_inject_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.objective import Objective
 from tether.training.task import Task
@@ -83,34 +81,14 @@ class Trainer:
         self.step_tracer = StepTracer(self.timeline)
         self.timeline_saved = False
 
-        method_cls = METHODS.get(config.method)
-        self.workers = self.transport.world_size - method_cls.server_processes
-        self.sampler = GlobalBatchSampler(
-            len(task.train_data),  # type: ignore[arg-type]
-            config.batch_size * self.workers,
-            config.seed,
-        )
-        self.steps_per_epoch = self.sampler.steps_per_epoch // config.accumulate
-        if self.steps_per_epoch < 1:
-            raise TetherError(
-                f"one optimizer step takes {config.accumulate} batches of "
-                f"{config.batch_size} x {self.workers} samples, more than the "
-                f"{self.sampler.num_samples} training samples: lower accumulate or batch_size"
-            )
-        spe = self.steps_per_epoch
+        self.workers = computing_workers(config, self.transport.world_size)
+        samples = len(task.train_data)  # type: ignore[arg-type]
+        self.sampler = GlobalBatchSampler(samples, config.batch_size * self.workers, config.seed)
+        spe = self.steps_per_epoch = steps_per_epoch(config, samples, self.workers)
         self.total_steps = config.steps if config.steps is not None else config.epochs * spe
-
-        # Same seed on every rank: replicas start identical (methods broadcast rank 0's anyway).
-        torch.manual_seed(config.seed)
-        model = task.build_model().to(self.device)
-        optimizer = (
-            task.optimizer(model.parameters())
-            if task.optimizer is not None
-            else method_cls.build_default_optimizer(model.parameters(), config)
+        self.method: TrainingMethod = build_method(
+            config, task, self.transport, self.device, runtime.placement, self.total_steps, spe
         )
-        scheduler = build_scheduler(task.scheduler, optimizer, self.total_steps, spe)
-        context = MethodContext(config, self.transport, self.device, runtime.placement)
-        self.method: TrainingMethod = method_cls(model, context, optimizer, scheduler)
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
         self.objective = Objective(task.loss)
         # Methods with a server evaluate there; replicated methods evaluate sharded, together.
@@ -279,7 +257,7 @@ class Trainer:
                 begin = time.perf_counter()
                 batch = next(batches)
                 data_s = time.perf_counter() - begin
-                self._maybe_inject_fault(step)
+                maybe_inject_fault(config, self.transport.rank, step, self.run_dir)
                 called = self.step_tracer.before_step() if tracing else time.perf_counter()
                 losses, samples, later_data_s = [], 0, 0.0
                 for micro in range(k):
@@ -405,20 +383,6 @@ class Trainer:
 
     def _rank_world(self) -> tuple[int, int]:
         return self.transport.rank, self.transport.world_size
-
-    def _maybe_inject_fault(self, step: int) -> None:
-        """Reliability tests: make one rank fail the way a real worker can fail."""
-        config = self.config
-        if config.fault_rank != self.transport.rank or step != config.fault_step:
-            return
-        # The wall-clock time of the fault, so a test can measure how fast the run stops.
-        (self.run_dir / "injected_fault.txt").write_text(f"{time.time()}\n")
-        if config.fault_kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if config.fault_kind == "hang":
-            while True:
-                time.sleep(1)
-        raise RuntimeError(f"injected fault at step {step}")
 
     def _checkpoint(self, step: int) -> None:
         if not self.is_writer:

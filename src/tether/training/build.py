@@ -1,0 +1,56 @@
+"""From a task and a config to a method bound to the model: what the trainer and ``ctx.wrap``
+would each otherwise spell out."""
+
+from __future__ import annotations
+
+import torch
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.errors import TetherError
+from tether.methods import METHODS, MethodContext, Placement, TrainingMethod
+from tether.optim.schedules import build_scheduler
+from tether.training.task import Task
+
+
+def computing_workers(config: TrainConfig, world_size: int) -> int:
+    """The ranks that compute gradients: all of them, but a parameter server."""
+    return world_size - METHODS.get(config.method).server_processes
+
+
+def steps_per_epoch(config: TrainConfig, samples: int, workers: int) -> int:
+    """Optimizer steps per epoch: whole global batches of ``batch_size * workers``, grouped by
+    ``accumulate``; a one-line error when one update would need more than the data set."""
+    steps = samples // (config.batch_size * workers) // config.accumulate
+    if steps < 1:
+        raise TetherError(
+            f"one optimizer step takes {config.accumulate} batches of {config.batch_size} x "
+            f"{workers} samples, more than the {samples} training samples: lower accumulate "
+            "or batch_size"
+        )
+    return steps
+
+
+def build_method(
+    config: TrainConfig,
+    task: Task,
+    transport: TorchTransport,
+    device: torch.device,
+    placement: Placement,
+    total_steps: int,
+    epoch_steps: int,
+) -> TrainingMethod:
+    """The task's model (seeded the same on every rank: replicas start identical, and methods
+    broadcast rank 0's anyway), its optimizer (the task's factory, or the method's own local
+    step) and schedule, and the method around them; not started."""
+    method_cls = METHODS.get(config.method)
+    torch.manual_seed(config.seed)
+    model = task.build_model().to(device)
+    optimizer = (
+        task.optimizer(model.parameters())
+        if task.optimizer is not None
+        else method_cls.build_default_optimizer(model.parameters(), config)
+    )
+    scheduler = build_scheduler(task.scheduler, optimizer, total_steps, epoch_steps)
+    context = MethodContext(config, transport, device, placement)
+    return method_cls(model, context, optimizer, scheduler)
