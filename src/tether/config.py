@@ -28,7 +28,7 @@ from tether.errors import TetherError
 BACKENDS = ("auto", "gloo", "nccl")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16", "bf16")
-FAULT_KINDS = ("raise", "kill", "hang")
+FAULT_KINDS = ("raise", "kill", "hang", "stop", "hang-after-send")
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ class TrainConfig:
     timeout_s: float = 60.0
     progress: bool = True
     # Fault injection for reliability tests: rank `fault_rank` fails at step `fault_step`
-    # (-1: no fault). Kinds: raise an exception, kill -9 itself, or hang forever.
+    # (-1: no fault). Kinds: raise an exception, kill -9 itself, hang forever, stop itself with
+    # SIGSTOP, or (parameter-server workers) hang between sending a message and reading the reply.
     fault_rank: int = -1
     fault_step: int = 0
     fault_kind: str = "raise"

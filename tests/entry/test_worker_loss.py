@@ -102,6 +102,46 @@ def test_hung_worker_is_given_up_and_stopped(tmp_path: Path) -> None:
 
 
 @requires_fashion_mnist
+@pytest.mark.parametrize(
+    "method, kind",
+    [("async-easgd", "hang-after-send"), ("async-sgd", "stop"), ("hogwild-sgd", "hang")],
+)
+def test_stalled_worker_costs_the_server_only_that_worker(
+    tmp_path: Path, method: str, kind: str
+) -> None:
+    # async-easgd: rank 2 sends its message and never reads the reply (as a SIGSTOP between the
+    # two catches it): the reply to it must not block the server, which lost every worker before.
+    # async-sgd: rank 2 stops itself with SIGSTOP. hogwild-sgd: rank 2 hangs; the server sees its
+    # step count stand still (it hung the run for ever before).
+    run = tmp_path / "run"
+    args = [*ASYNC, "--method", method, "--steps", str(STEPS), "--eval-every", "50"]
+    fault = [*FAULT, "--set", f"fault_kind={kind}"]
+    result = run_cli("train", *args, "--timeout", "5", *fault, "--out", str(run), timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert [w["rank"] for w in summary["lost_workers"]] == [2], summary["lost_workers"]
+    assert summary["lost_workers"][0]["exit"].startswith("killed")
+    # Ranks 1 and 3 did their whole budget: STEPS each, rank 2 about 20.
+    assert summary["steps"] >= (2 * STEPS + 20) // 3 - 1, summary["steps"]
+    assert _processes_mentioning(str(run)) == []
+    assert result.seconds < 60, result.seconds
+
+
+@requires_fashion_mnist
+def test_run_that_lost_every_worker_fails(tmp_path: Path) -> None:
+    # One worker, killed: the server is left alone at step 20 of 150. It used to exit 0.
+    run = tmp_path / "run"
+    args = [*ASYNC, "--workers", "1", "--steps", str(STEPS), "--eval-every", "50"]
+    fault = ["--set", "fault_rank=1", "--set", "fault_step=20", "--set", "fault_kind=kill"]
+    result = run_cli("train", *args, "--timeout", "10", *fault, "--out", str(run))
+    assert result.returncode != 0
+    assert "every worker was lost" in result.stderr and "rank 1" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    summary = json.loads((run / "summary.json").read_text())  # what was done is kept
+    assert summary["steps"] < STEPS
+
+
+@requires_fashion_mnist
 def test_healthy_run_longer_than_the_timeout_loses_nobody(tmp_path: Path) -> None:
     # The server's liveness watches wait for a whole run; they must not time out with --timeout.
     run = tmp_path / "run"

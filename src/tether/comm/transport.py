@@ -36,9 +36,15 @@ class PendingSend:
     handles: list[dist.Work]
     tensors: list[torch.Tensor] = field(default_factory=list)
 
-    def wait(self) -> None:
+    def wait(self, timeout: datetime.timedelta | None = None) -> None:
+        """Block until every part is sent; ``timeout`` replaces the group's (a send that times
+        out in gloo closes every connection of the process: a thread that may rightly wait on a
+        stalled peer passes a long one)."""
         for handle in self.handles:
-            handle.wait()
+            if timeout is None:
+                handle.wait()
+            else:
+                handle.wait(timeout)
         self.handles.clear()
         self.tensors.clear()
 

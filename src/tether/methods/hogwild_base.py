@@ -29,6 +29,7 @@ launcher, such as the test spawn helper, count as one node).
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -46,6 +47,27 @@ SETUP_CHANNEL = 3
 # How often the server publishes progress: often enough for the progress bar and evaluation
 # points, rare enough that the idle server costs the workers nothing.
 POLL_S = 0.015
+
+
+class Stillness:
+    """Which workers' step counts have not moved for ``timeout_s`` (measured from when the
+    watch first saw each count)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._since: dict[int, tuple[int, float]] = {}
+
+    def check(self, steps: dict[int, int], active: list[int]) -> dict[int, str]:
+        now = time.monotonic()
+        still = {}
+        for rank in active:
+            step = steps[rank]
+            seen = self._since.get(rank)
+            if seen is None or seen[0] != step:
+                self._since[rank] = (step, now)
+            elif now - seen[1] > self.timeout_s:
+                still[rank] = f"its step count stayed at {step} for {now - seen[1]:.0f} s (hung?)"
+        return still
 
 
 def single_node(context: MethodContext) -> bool:
@@ -140,12 +162,17 @@ class HogwildMethod(ServerMethod):
     # -- server ----------------------------------------------------------------------------------
     def watch(self, hooks: ServerHooks, local_steps: Callable[[], list[int]]) -> None:
         """Until every worker said goodbye or was lost: collect goodbyes and losses, and publish
-        progress every ``POLL_S`` (and once more after the last goodbye)."""
+        progress every ``POLL_S`` (and once more after the last goodbye). A worker whose step
+        count does not move for the run's timeout is hung and given up on: Hogwild workers send
+        the server nothing while they train, so their counters are their liveness signal."""
         state = self.server.state
         reported = -1
+        stillness = Stillness(self.config.timeout_s)
         while True:
             done = not state.active  # read before the steps: the final counts get published
             state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
+            for rank, why in stillness.check(state.local_steps, state.active).items():
+                self.server.give_up(rank, why)
             global_step = state.global_step()
             if global_step != reported and not self.stopping:
                 reported = global_step

@@ -41,6 +41,7 @@ from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
 from tether.methods.ps_method import ServeResult, ServerHooks
+from tether.methods.reply_lines import LISTEN_TIMEOUT
 from tether.observe.metrics import PhaseTotals
 
 EXCHANGE_CHANNEL = 2  # the threaded exchanges; 0 (data) and 1 (liveness) belong to ps_server
@@ -186,7 +187,11 @@ class HogwildEASGD(HogwildMethod):
         }
         try:
             while True:
-                msg = self.transport.recv_message(buffers, src=rank, channel=EXCHANGE_CHANNEL)
+                # No timeout: a receive that times out closes every connection of the server;
+                # the watch gives up on a worker whose step count stops moving.
+                msg = self.transport.recv_message(
+                    buffers, src=rank, channel=EXCHANGE_CHANNEL, timeout=LISTEN_TIMEOUT
+                )
                 if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
                     self._send(self.flat.clone(), rank, MessageKind.PARAMS)  # a still copy
                     continue
@@ -213,7 +218,9 @@ class HogwildEASGD(HogwildMethod):
         """Reply on the exchange channel, with the run's global step in the header (the worker's
         learning-rate schedule follows it)."""
         global_step = sum(self._steps) // self.workers
-        self.transport.send_message(payload, rank, kind, global_step, EXCHANGE_CHANNEL)
+        # Waits without the group's timeout, for the same reason as the receive above.
+        send = self.transport.isend_message(payload, rank, kind, global_step, EXCHANGE_CHANNEL)
+        send.wait(LISTEN_TIMEOUT)
 
     def move_center(self, d: torch.Tensor) -> None:
         """``c <- c + alpha*d`` in place, concurrently with the other threads: no lock."""

@@ -37,6 +37,8 @@ class ServeResult:
     global_step: int
     lost_workers: dict[int, str]
     extra: dict[str, Any] = field(default_factory=dict)  # method counters for summary.json
+    # The final step of each worker that said goodbye (the lost ones are not in it).
+    finished_steps: dict[int, int] = field(default_factory=dict)
 
 
 class ServerMethod(TrainingMethod):
@@ -115,7 +117,8 @@ class ServerMethod(TrainingMethod):
         """What the server reports once serving is over (called at the end of every serve)."""
         self.server.settle()
         state = self.server.state
-        return ServeResult(state.totals, state.global_step(), dict(state.lost), extra)
+        finished = {rank: state.local_steps.get(rank, 0) for rank in sorted(state.stopped)}
+        return ServeResult(state.totals, state.global_step(), dict(state.lost), extra, finished)
 
     def serve_loop(
         self,

@@ -17,12 +17,13 @@ receive fail at once ("connection closed by peer"), which tells the server preci
 The watch and the listener wait with ``LISTEN_TIMEOUT``, not the group's timeout: they may rightly
 wait a whole run, and a gloo receive that times out would close every connection of the server.
 A worker that is alive but silent (hung) is noticed instead by the first-come-first-served loop:
-once the server has replied to it, it has ``silence_timeout_s`` to send its next message.
+once the server's reply to it was sent, it has ``silence_timeout_s`` to send its next message; a
+reply it does not read for that long (a stopped process) gives it up too. Replies never block the
+serving thread (:mod:`tether.methods.reply_lines`), so a stalled worker costs only itself.
 """
 
 from __future__ import annotations
 
-import datetime
 import queue
 import threading
 import time
@@ -34,13 +35,13 @@ import torch
 from tether.comm.header import DTYPE_CODES, MessageKind
 from tether.comm.transport import Message, TorchTransport
 from tether.errors import TetherError
+from tether.methods.reply_lines import LISTEN_TIMEOUT, ReplyLines
 from tether.observe.metrics import PhaseTotals
 
 DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
 HELLO_WORDS = 2  # numel, dtype code
 TOTALS_WORDS = 5  # PhaseTotals fields, float64
-LISTEN_TIMEOUT = datetime.timedelta(days=365)  # longer than any run: never time out
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,12 @@ class ServerEndpoint:
         self._receiving = False
         self._threads: dict[int | None, threading.Thread] = {}  # watch threads by rank; receiver
         # Liveness of workers that are alive but silent (FCFS only): when each last sent to us
-        # (receiver thread) and when we last replied to it.
+        # (receiver thread); the reply lines know when our replies were read.
         self.silence_timeout_s = silence_timeout_s
         self._heard: dict[int, float] = {}
-        self._replied: dict[int, float] = {}
+        self.lines = ReplyLines(
+            transport, self.state.workers, lambda rank, why: self._events.put(WorkerLost(rank, why))
+        )
 
     # -- start -----------------------------------------------------------------------------------
     def handshake(self, initial: torch.Tensor, step: int = 0) -> None:
@@ -115,8 +118,7 @@ class ServerEndpoint:
                 )
         for rank in self.state.workers:
             self.state.local_steps[rank] = step  # where every worker starts (resume: not 0)
-            self.transport.send_message(initial, rank, MessageKind.PARAMS)
-            self._replied[rank] = time.monotonic()
+            self.lines.post(rank, initial, MessageKind.PARAMS, 0)
         for rank in self.state.workers:
             watcher = threading.Thread(target=self._watch, args=(rank,), daemon=True)
             self._threads[rank] = watcher
@@ -196,14 +198,17 @@ class ServerEndpoint:
                 self._lose_silent(silence)
 
     def _lose_silent(self, silence: float) -> None:
-        """Mark lost every worker that, after our last reply, has sent nothing for ``silence``
-        seconds: it is hung (a dead one is reported by its watch). Its later messages are
-        ignored."""
+        """Mark lost every worker that has not read our reply for ``silence`` seconds, or has
+        sent nothing for as long after reading it: it is hung (a dead one is reported by its
+        watch). Its later messages are ignored."""
+        for rank, waited in self.lines.overdue(silence).items():
+            reason = f"did not read the server's reply for {waited:.0f} s (hung or stopped?)"
+            self._mark_lost(WorkerLost(rank, reason))
         now = time.monotonic()
         for rank in self.state.active:
-            replied = self._replied.get(rank)
+            replied = self.lines.last_completed(rank)
             if replied is None or self._heard.get(rank, -1.0) >= replied:
-                continue  # we owe it a reply: it is waiting for us
+                continue  # a reply is in flight, or we owe it one: it is waiting for us
             if now - replied > silence:
                 reason = f"sent nothing for {now - replied:.0f} s after the server's reply (hung?)"
                 self._mark_lost(WorkerLost(rank, reason))
@@ -269,6 +274,7 @@ class ServerEndpoint:
         flight. A process group destroyed under a thread inside a receive can abort the process
         at exit. (A hung worker's watch never ends; it is left as a daemon.)"""
         deadline = time.monotonic() + timeout_s
+        self.lines.drain(sorted(self.state.stopped), timeout_s)
         for key, thread in self._threads.items():
             if key is None or key in self.state.stopped:
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -276,12 +282,14 @@ class ServerEndpoint:
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:
         """Send ``payload`` to ``rank``, or tell it to stop, with the run's global step in the
-        header (workers follow it with their learning-rate schedule). A send to a worker that
-        died in the meantime marks it lost instead of failing the server."""
+        header (workers follow it with their learning-rate schedule). The send does not wait to
+        be read (see :mod:`tether.methods.reply_lines`); one to a worker that died in the
+        meantime marks it lost instead of failing the server."""
+        if rank in self.state.lost:
+            return
         kind = MessageKind.STOP if stop else MessageKind.PARAMS
         step = self.state.global_step()
         try:
-            self.transport.send_message(payload if not stop else payload[:0], rank, kind, step)
-            self._replied[rank] = time.monotonic()
+            self.lines.post(rank, payload if not stop else payload[:0], kind, step)
         except Exception as exc:
             self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tether.comm.header import DTYPE_CODES, MessageKind
@@ -24,6 +26,9 @@ class WorkerEndpoint:
         }
         self.stop_requested = False
         self.global_step = 0  # the run's global step, as of the server's last reply
+        # Called with the step after each exchange's message is sent (fault injection: a worker
+        # that stops between its message and the server's reply, as a SIGSTOP can catch it).
+        self.on_sent: Callable[[int], None] | None = None
 
     def handshake(self) -> torch.Tensor:
         """Announce our model (count and dtype) and receive the initial weights."""
@@ -38,6 +43,8 @@ class WorkerEndpoint:
         """Send ``payload`` (the flat weights or gradient) and return the server's reply, or
         None when the server asks this worker to stop (the target accuracy was reached)."""
         self.transport.send_message(payload, SERVER, kind, step=step, channel=DATA_CHANNEL)
+        if self.on_sent is not None:
+            self.on_sent(step)
         reply = self.exchange_reply()
         return None if self.stop_requested else reply
 

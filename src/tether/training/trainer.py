@@ -26,7 +26,9 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler
+from tether.errors import WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
+from tether.methods.ps_method import ServeResult, ServerMethod
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
@@ -44,7 +46,7 @@ from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import build_method, computing_workers, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint, save_checkpoint
 from tether.training.evaluation import Evaluator
-from tether.training.faults import maybe_inject_fault
+from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.objective import Objective
 from tether.training.task import Task
@@ -89,6 +91,13 @@ class Trainer:
         self.method: TrainingMethod = build_method(
             config, task, self.transport, self.device, runtime.placement, self.total_steps, spe
         )
+        hang_after_send = send_fault(config, self.transport.rank, self.run_dir)
+        if (
+            hang_after_send is not None
+            and isinstance(self.method, ServerMethod)
+            and not (self.method.is_server)
+        ):
+            self.method.link.on_sent = hang_after_send
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
         self.objective = Objective(task.loss)
         # Methods with a server evaluate there; replicated methods evaluate sharded, together.
@@ -209,6 +218,28 @@ class Trainer:
             ],
         }
         self._write_results(last, result.totals, self.method.eval_model(), extra)
+        self._check_complete(result)
+
+    def _check_complete(self, result: ServeResult) -> None:
+        """Fail a run that did not do its work, after its results were written: every worker
+        lost, or no worker reached the step budget although the target did not stop the run.
+        (Losing some workers is not a failure: the others carry on and finish.)"""
+        reached = [s for s in result.finished_steps.values() if s >= self.total_steps]
+        stopped_at_target = self.config.stop_at_target and self.time_to_target is not None
+        if reached or stopped_at_target:
+            return
+        lost = ", ".join(f"rank {rank} ({why})" for rank, why in result.lost_workers.items())
+        if not result.finished_steps:
+            raise WorkerFailure(
+                f"every worker was lost, the run stopped at step {result.global_step} of "
+                f"{self.total_steps}: {lost}",
+                sorted(result.lost_workers),
+            )
+        raise WorkerFailure(
+            f"no worker reached the step budget ({self.total_steps}; the furthest stopped at "
+            f"{max(result.finished_steps.values())})" + (f"; lost: {lost}" if lost else ""),
+            sorted(result.lost_workers),
+        )
 
     def on_progress(self, global_step: int) -> bool:
         """Server hook, after each update: progress bar, evaluation, checkpoints; True = stop."""

@@ -1,0 +1,118 @@
+"""The parameter server's replies, one line per worker, so that a stalled worker stalls nothing.
+
+A worker that is alive but not reading (stopped by SIGSTOP, swapped out, stuck in a user's code)
+leaves the server's reply to it in the kernel's socket buffers; once they are full, the send
+blocks. Blocking the server's one serving thread there would stop every other worker, and a gloo
+send that times out closes every connection of the process, which loses the healthy workers too.
+So the serving thread never waits on a reply: it snapshots the payload, posts the send, and hands
+the pending send to the worker's own waiting thread. A reply that stays pending longer than the
+run's timeout means the worker stopped reading: the server gives up on that worker alone (its
+thread stays blocked, harmless, until the process exits).
+
+The order of the paper's protocol is unchanged (You, Buluc, Demmel, SC17, section 4): a worker
+sends only after it has received the previous reply, so each line holds at most one reply.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tether.comm.header import MessageKind
+from tether.comm.transport import TorchTransport
+
+# Longer than any run: a thread that may rightly wait on a peer must never time out (see above).
+LISTEN_TIMEOUT = datetime.timedelta(days=365)
+
+
+@dataclass
+class _Pending:
+    posted: float  # time.monotonic() when the send was posted
+    done: threading.Event
+
+
+class ReplyLine:
+    """The replies to one worker: posted by the serving thread, waited for by this line's
+    thread."""
+
+    def __init__(self, rank: int, on_failure: Callable[[int, str], None]) -> None:
+        self.rank = rank
+        self._on_failure = on_failure
+        self._sends: queue.Queue = queue.Queue()
+        self._pending: _Pending | None = None
+        self.last_completed: float | None = None
+        self._thread = threading.Thread(target=self._wait_each, daemon=True)
+        self._thread.start()
+
+    def post(self, send: object, posted: float) -> None:
+        pending = _Pending(posted, threading.Event())
+        self._pending = pending
+        self._sends.put((send, pending))
+
+    def overdue_s(self, now: float) -> float:
+        """How long the reply in flight has been waiting to be read (0 when none is)."""
+        pending = self._pending
+        if pending is None or pending.done.is_set():
+            return 0.0
+        return now - pending.posted
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until the reply in flight (if any) was sent; False when it was not in time."""
+        pending = self._pending
+        return pending is None or pending.done.wait(max(0.0, timeout_s))
+
+    def close(self) -> None:
+        self._sends.put(None)
+
+    def _wait_each(self) -> None:
+        while True:
+            item = self._sends.get()
+            if item is None:
+                return
+            send, pending = item
+            try:
+                send.wait(LISTEN_TIMEOUT)
+            except Exception as exc:  # the peer's connection closed: the worker died
+                self._on_failure(self.rank, str(exc).splitlines()[0][:200] if str(exc) else "")
+            self.last_completed = time.monotonic()
+            pending.done.set()
+
+
+class ReplyLines:
+    """A :class:`ReplyLine` per worker, and the snapshot every reply is sent from."""
+
+    def __init__(
+        self, transport: TorchTransport, workers: list[int], on_failure: Callable[[int, str], None]
+    ) -> None:
+        self.transport = transport
+        self.lines = {rank: ReplyLine(rank, on_failure) for rank in workers}
+
+    def post(self, rank: int, payload: torch.Tensor, kind: MessageKind, step: int) -> None:
+        """Send ``payload`` to ``rank`` without waiting for it to be read. The payload is copied
+        first: the server goes on changing its vector while the bytes are on their way."""
+        snapshot = payload.detach().clone()
+        send = self.transport.isend_message(snapshot, rank, kind, step)
+        self.lines[rank].post(send, time.monotonic())
+
+    def overdue(self, limit_s: float) -> dict[int, float]:
+        """Workers whose reply has waited more than ``limit_s`` to be read, with how long."""
+        now = time.monotonic()
+        late = {rank: line.overdue_s(now) for rank, line in self.lines.items()}
+        return {rank: waited for rank, waited in late.items() if waited > limit_s}
+
+    def last_completed(self, rank: int) -> float | None:
+        return self.lines[rank].last_completed
+
+    def drain(self, ranks: list[int], timeout_s: float) -> list[int]:
+        """Wait (``timeout_s`` in all) for the replies to ``ranks``; returns those not sent."""
+        deadline = time.monotonic() + timeout_s
+        unsent = [r for r in ranks if not self.lines[r].wait_idle(deadline - time.monotonic())]
+        for line in self.lines.values():
+            line.close()
+        return unsent
