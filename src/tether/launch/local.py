@@ -28,6 +28,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tether.config import TrainConfig
 from tether.errors import WorkerFailure
+from tether.launch import loopback
 from tether.launch.env import prepare_local_environment, set_launcher_method
 from tether.launch.exits import stopped
 from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
@@ -86,6 +87,7 @@ def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> La
     127.0.0.1 at a free port, no restarts (a failed worker fails the run at once), spawned
     processes. Also sets up the local environment and quiets the agent's logging."""
     prepare_local_environment()
+    loopback.register()
     # The agent logs every state change and each failure's traceback; we report failures in one
     # line per rank and keep the tracebacks in the run directory instead.
     for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
@@ -95,7 +97,7 @@ def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> La
         max_nodes=1,
         nproc_per_node=processes,
         run_id=f"{name}-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
+        rdzv_backend=loopback.BACKEND,  # c10d's, its stores listening on 127.0.0.1 only
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=monitor_s,

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
+from tether.launch.loopback import store_server
 from tether.launch.teardown import before_init_process_group
 
 
@@ -91,11 +92,11 @@ def rendezvous_store(env: DistEnv, timeout_s: float, generation: int) -> dist.St
     assert env.master_port is not None
     key = (env.master_addr, env.master_port)
     if key not in _BASE_STORES:
-        _BASE_STORES[key] = dist.TCPStore(
-            env.master_addr,
-            env.master_port,
-            env.world_size,
-            is_master=env.rank == 0 and not env.agent_store,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if env.rank == 0 and not env.agent_store:  # served here: on MASTER_ADDR only
+            _BASE_STORES[key] = store_server(env.master_addr, env.master_port, timeout)
+        else:
+            _BASE_STORES[key] = dist.TCPStore(
+                env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
+            )
     return dist.PrefixStore(f"tether/{generation}", _BASE_STORES[key])
