@@ -151,6 +151,12 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="continue the run in DIR from its last checkpoint",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --out (its Tether files only); without it a non-empty --out "
+        "is refused",
+    )
 
 
 FLAG_KEYS = ("stop_at_target", "progress", "timeline", "tensorboard", "metrics")
@@ -182,6 +188,13 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
         if not resumed.exists():
             raise TetherError(f"cannot resume: {resumed} does not exist (not a Tether run dir?)")
         base = apply_overrides(TrainConfig(), load_toml(resumed))
+        for key in ("method", "model"):
+            asked = getattr(args, key, None)
+            if asked is not None and asked != getattr(base, key):
+                raise TetherError(
+                    f"--resume {args.resume} continues a {key} {getattr(base, key)!r} run; "
+                    f"--{key} {asked} would be another run: drop --{key}, or start a new run"
+                )
         overrides.update(out=str(args.resume), resume=True)
     config = resolve_config(args.config, overrides, base)
     if config.out is None:
@@ -195,6 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.observe.summary import human_summary
     from tether.runner import launch_training
     from tether.training.probe import probe_task
+    from tether.training.run_dir import check_run_dir
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
@@ -205,13 +219,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_data(config)
     if uses_import_paths(config):
         probe_task(task_from_config(config))
+    check_run_dir(config, args.overwrite)  # before anything is printed or launched
     processes = config.workers + METHODS.get(config.method).server_processes
     print(
         f"tether: {config.method} on {config.workers} workers ({processes} processes), "
         f"{config.model} / {config.dataset}, run directory {config.out}",
         file=sys.stderr,
     )
-    launch_training(config)
+    launch_training(config, overwrite=args.overwrite)
     import json
 
     summary = json.loads((Path(config.out) / "summary.json").read_text())
@@ -235,7 +250,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         per_method = argparse.Namespace(**{**vars(args), "method": method})
         return config_from_args(per_method, lambda c: str(config.out))
 
-    return run_comparison(config, methods, config_for)
+    return run_comparison(config, methods, config_for, overwrite=args.overwrite)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

@@ -99,6 +99,7 @@ def run_comparison(
     config: TrainConfig,
     methods: Sequence[str],
     config_for: Callable[[str], TrainConfig] | None = None,
+    overwrite: bool = False,
 ) -> int:
     """Run ``methods`` one after another on ``config``'s job and write the comparison to
     ``config.out``. ``config_for(method)`` gives each method's config (the user's options over
@@ -107,11 +108,14 @@ def run_comparison(
     """
     from tether.catalog import check_data
     from tether.methods import METHODS
+    from tether.training.run_dir import prepare_run_dir
 
     assert config.out is not None
     out = Path(config.out)
-    # Missing or corrupt data fail here, in one line, before any run starts.
+    # Missing or corrupt data, and an --out that holds something, fail here, in one line,
+    # before any run starts.
     check_data(config)
+    prepare_run_dir(config, overwrite)
     target_is_default = config.target_accuracy is None
     target = DEFAULT_TARGET if config.target_accuracy is None else config.target_accuracy
     # Every run times itself against the same target, so its own summary agrees with the table.

@@ -9,6 +9,7 @@ tether.observe.timeline DIR`` after their ``DIR/timeline/`` files are copied tog
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,11 +21,23 @@ from tether.methods import METHODS
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
 
+# What torchrun (and srun running it) sets for every worker; the process group needs them all.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tether.run")
     add_train_options(parser)
     args = parser.parse_args(argv)
+    missing = [name for name in LAUNCHER_VARIABLES if name not in os.environ]
+    if missing:
+        print(
+            f"tether: error: no launcher started this process ({', '.join(missing)} not set): "
+            "run it under one (torchrun --nproc-per-node 4 -m tether.run ...), or use "
+            "`tether train`, which launches the workers itself",
+            file=sys.stderr,
+        )
+        return 2
     env = DistEnv.read()
     try:
         config = config_from_args(args, lambda c: f"runs/{c.method}-{env.run_id or 'torchrun'}")

@@ -25,6 +25,7 @@ from tether.launch.local import launch_local
 from tether.launch.teardown import shut_down_process_group
 from tether.launch.worker import init_worker
 from tether.methods import METHODS, Placement
+from tether.training.run_dir import prepare_run_dir
 from tether.training.task import Task
 from tether.training.task_file import read_task
 from tether.training.trainer import Trainer, WorkerRuntime
@@ -52,9 +53,13 @@ def run_worker(config_toml: str, task_file: str | None = None) -> None:
     shut_down_process_group()
 
 
-def launch_training(config: TrainConfig, task_file: Path | None = None) -> None:
+def launch_training(
+    config: TrainConfig, task_file: Path | None = None, overwrite: bool = False
+) -> None:
     """Run the training job on local worker processes (the caller's side: ``tether train``,
-    ``tether compare``, ``tether.fit``); raises WorkerFailure when it fails."""
+    ``tether compare``, ``tether.fit``); raises WorkerFailure when it fails. The run directory
+    is checked first (:mod:`tether.training.run_dir`): TetherError before anything changes."""
+    prepare_run_dir(config, overwrite)
     method = METHODS.get(config.method)
     launch_local(
         config,

@@ -68,6 +68,10 @@ def test_crash_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert "injected fault" in (crashed / "failures.log").read_text()
     assert not (crashed / "summary.json").exists()
+    # The metrics up to the checkpoint reached the disk before the crash (they were buffered).
+    lines = (crashed / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if '"event"' not in line]
+    assert steps[:20] == list(range(1, 21)), steps
 
     result = run_cli("train", "--resume", str(crashed), "--set", "fault_rank=-1")
     assert result.returncode == 0, result.stderr

@@ -42,6 +42,7 @@ from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
 from tether.runner import launch_training
 from tether.training.probe import probe_task
+from tether.training.run_dir import check_run_dir
 from tether.training.task import Task, describe
 from tether.training.task_file import write_task
 
@@ -80,6 +81,7 @@ def fit(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     loader_options: Mapping[str, Any] | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     **options: Any,
 ) -> FitResult:
     """Train ``model`` on ``train_data`` with ``method`` on ``workers`` local processes.
@@ -100,7 +102,9 @@ def fit(
     - ``target``: ``("accuracy", 0.88)``, ``("loss", "<=", 0.3)`` or ``"accuracy>=0.88"``: its
       time is recorded; with ``stop_at_target=True`` the run stops there.
     - ``log="tensorboard"`` also writes TensorBoard event files; ``resume=True`` continues the
-      run in ``out`` from its last checkpoint (``checkpoint_every=N``).
+      run in ``out`` from its last checkpoint (``checkpoint_every=N``); an ``out`` that already
+      holds something is refused unless ``resume=True`` or ``overwrite=True`` (which replaces
+      Tether's files there, and nothing else).
     - ``**options``: any other config key (``tau``, ``alpha``, ``allreduce``, ``compress``,
       ``seed``, ``lr``, ``accumulate``, ...).
 
@@ -116,12 +120,12 @@ def fit(
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
     probe_task(task)
     run_dir = Path(str(config.out))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(config, overwrite)  # before the task is written: nothing to undo
     scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task
     try:
         task_file = scratch / "task.pickle"
         write_task(task, task_file)
-        launch_training(config, task_file)
+        launch_training(config, task_file, overwrite=overwrite)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     summary = json.loads((run_dir / "summary.json").read_text())

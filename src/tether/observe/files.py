@@ -1,7 +1,9 @@
 """Atomic file writes: a reader (or a resumed run) never sees a half-written file.
 
 Write to a temporary file in the same directory, flush it to disk, then ``os.replace`` it over the
-target: rename within one file system is atomic on POSIX.
+target: rename within one file system is atomic on POSIX. The file gets the mode any new file of
+the user's would (0666 less the umask), not ``mkstemp``'s private 0600: teammates sharing a
+cluster directory read each other's runs.
 """
 
 from __future__ import annotations
@@ -14,10 +16,25 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def umask() -> int:
+    """The process's file-creation mask, read without changing it where Linux allows (setting
+    it to read it back is not thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()

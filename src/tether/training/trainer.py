@@ -422,7 +422,12 @@ class Trainer:
             self._checkpoint_now(step)
 
     def _checkpoint_now(self, step: int) -> None:
+        # The metrics up to this step reach the disk first: a crash after the checkpoint must
+        # not lose the lines a resume will not write again.
+        self.metrics.flush()
         state = {
+            "method_name": self.config.method,
+            "model_name": self.task.model_name,
             "step": step,
             "model": self.method.model.state_dict(),
             "method": self.method.state_dict(),

@@ -1,0 +1,157 @@
+"""The run directory before a run starts: checked, and never damaged by a mistake.
+
+Everything is validated before any file is touched: a directory that already holds something is
+refused unless the run resumes it (``--resume``) or replaces it (``--overwrite``, which removes
+Tether's own files only), a resumed run's checkpoint is read and checked here, in the launcher,
+before any worker starts, and the directory must be writable. Files an interrupted atomic write
+left behind (``.NAME.XXXX.tmp``) are removed.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.comm.header import MAX_STEP
+from tether.config import TrainConfig
+from tether.errors import TetherError
+from tether.training.checkpoint import CHECKPOINT_NAME
+
+# What a run (or a comparison) writes; --overwrite removes these and nothing else.
+RUN_FILES = (
+    "summary.json",
+    "model.pt",
+    "metrics.jsonl",
+    "config.toml",
+    "config.launch.toml",
+    CHECKPOINT_NAME,
+    "timeline.json",
+    "failures.log",
+    "injected_fault.txt",
+    "mpi.log",
+    "nodes.log",
+    "compare.md",
+    "compare.json",
+    "compare.png",
+)
+RUN_DIRS = ("lost", "timeline", "tensorboard")
+CHECKPOINT_KEYS = ("step", "model", "method", "history", "elapsed_s", "time_to_target_s")
+
+
+def prepare_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
+    """Check ``config.out`` for this run and make it ready; raises TetherError (one line) before
+    changing anything when it cannot be used."""
+    out = check_run_dir(config, overwrite)
+    if overwrite and not config.resume:
+        remove_run_files(out)
+    remove_stale_temporaries(out)
+    return out
+
+
+def check_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
+    """Every check of :func:`prepare_run_dir`, changing nothing but creating the directory."""
+    if config.out is None or not str(config.out).strip():
+        raise TetherError("--out is empty: name the run directory (e.g. --out runs/mine)")
+    out = Path(config.out)
+    if config.resume and overwrite:
+        raise TetherError("resume and overwrite exclude each other: choose one")
+    if out.exists() and not out.is_dir():
+        raise TetherError(f"--out {out} is a file, not a directory: choose another --out")
+    if config.resume:
+        if not (out / CHECKPOINT_NAME).exists():
+            raise TetherError(
+                f"cannot resume {out}: it holds no {CHECKPOINT_NAME} (runs save one with "
+                "--checkpoint-every N); nothing was changed"
+            )
+        validate_checkpoint(out / CHECKPOINT_NAME, config)
+    elif out.exists() and any(out.iterdir()) and not overwrite:
+        what = "holds a run" if holds_run(out) else "is not empty"
+        raise TetherError(
+            f"--out {out} {what}: choose another --out, continue it with --resume {out}, or "
+            "replace it with --overwrite"
+        )
+    _check_writable(out)
+    return out
+
+
+def holds_run(path: Path) -> bool:
+    return any((path / name).exists() for name in RUN_FILES + RUN_DIRS)
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise TetherError(f"cannot write the run directory {out}: {reason}") from None
+
+
+def remove_run_files(out: Path) -> None:
+    """What --overwrite removes: Tether's outputs of an earlier run (a comparison's per-method
+    directories included); any other file stays."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+    for child in out.iterdir():
+        if child.is_dir() and holds_run(child):
+            remove_run_files(child)
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Remove what interrupted atomic writes left (``.NAME.XXXX.tmp``, see observe/files)."""
+    for stale in out.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def validate_checkpoint(path: Path, config: TrainConfig) -> dict[str, Any]:
+    """Load ``path`` safely (``weights_only=True``: no code runs) and check it can resume this
+    run: its structure, the method and model it was written by, a plausible step, finite
+    weights. Raises TetherError in one line otherwise."""
+    try:
+        with warnings.catch_warnings():  # torch's remarks on a foreign file's pickle protocol
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        # torch's own message may advise weights_only=False, which would run the file's code:
+        # never pass that on.
+        raise TetherError(
+            f"cannot resume: {path} is not a readable Tether checkpoint ({type(exc).__name__}; "
+            "truncated, from another program, or not safe to load); nothing was changed"
+        ) from None
+    if not isinstance(state, dict):
+        raise TetherError(f"cannot resume: {path} holds a {type(state).__name__}, not a checkpoint")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise TetherError(f"cannot resume: {path} lacks {', '.join(missing)} (not a checkpoint)")
+    for key, expected in (("method_name", config.method), ("model_name", config.model)):
+        recorded = state.get(key)
+        if recorded is not None and recorded != expected:
+            what = key.removesuffix("_name")
+            raise TetherError(
+                f"cannot resume: {path} was written by {what} {recorded!r}, this run uses "
+                f"{expected!r}; resume with the run's own --{what}"
+            )
+    step = state["step"]
+    budget = config.steps if config.steps is not None else MAX_STEP
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= budget:
+        raise TetherError(f"cannot resume: {path} records step {step!r}, outside 0..{budget}")
+    if not isinstance(state["model"], dict) or not all(
+        isinstance(v, torch.Tensor) for v in state["model"].values()
+    ):
+        raise TetherError(f"cannot resume: {path}'s model is not a state dict of tensors")
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise TetherError(f"cannot resume: {path} holds non-finite values in {name}")
+    for key in ("elapsed_s",):
+        if not isinstance(state[key], int | float) or not math.isfinite(state[key]):
+            raise TetherError(f"cannot resume: {path} records {key}={state[key]!r}")
+    return state
