@@ -79,6 +79,7 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
     if "metrics" not in skip:
         for metric in config.metrics:
             _check(metric, METRICS, "metric")
+        _check_target_metric(config)
     if config.tensorboard:
         require_tensorboard()
     own_step = config.optimizer == "auto" and "optimizer" not in skip
@@ -87,6 +88,19 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
         raise TetherError(
             f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
             "so it cannot accumulate gradients: use accumulate=1, or --optimizer sgd"
+        )
+
+
+def _check_target_metric(config: TrainConfig) -> None:
+    """The target names a metric the run evaluates (the loss, accuracy, or a --metric)."""
+    target = config.target_spec
+    if target is None or any(is_import_path(m) for m in config.metrics):
+        return  # an imported metric's name is known once it is loaded
+    known = {"loss", "accuracy", *config.metrics}
+    if target.metric not in known:
+        raise TetherError(
+            f"the target's metric {target.metric!r} is not evaluated; evaluated: "
+            f"{', '.join(sorted(known))} (add metrics with --metric NAME)"
         )
 
 
@@ -104,9 +118,36 @@ def uses_import_paths(config: TrainConfig) -> bool:
 
 
 def check_data(config: TrainConfig) -> None:
-    """A built-in data set's files are present and sound (one line otherwise), before launch."""
-    if not is_import_path(config.dataset):
-        check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    """A built-in data set's files are present and sound, and hold at least one global batch
+    (one line otherwise), before launch."""
+    if is_import_path(config.dataset):
+        return
+    samples = check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    check_global_batch(config, samples)
+
+
+def check_global_batch(config: TrainConfig, samples: int) -> None:
+    """A step takes one global batch: a data set smaller than that has no step to take."""
+    global_batch = config.batch_size * config.workers * config.accumulate
+    if global_batch > samples:
+        raise TetherError(
+            f"the global batch ({config.workers} workers x batch {config.batch_size} x "
+            f"accumulate {config.accumulate} = {global_batch}) is larger than the training set "
+            f"({samples} samples): lower --batch-size or --workers"
+        )
+
+
+def check_launch(config: TrainConfig) -> None:
+    """What a local run needs beyond a valid config: the fault rank exists, the backend's
+    devices do (a one-line TetherError otherwise)."""
+    from tether.launch.worker import resolve_backend
+
+    processes = config.workers + METHODS.get(config.method).server_processes
+    if config.fault_rank >= processes:
+        raise TetherError(
+            f"fault_rank {config.fault_rank} is not a rank of this run (ranks 0..{processes - 1})"
+        )
+    resolve_backend(config.backend, processes)
 
 
 # -- settings a method ignores ---------------------------------------------------------------------

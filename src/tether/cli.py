@@ -203,7 +203,13 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tether.catalog import check_data, task_from_config, uses_import_paths, warn_ignored
+    from tether.catalog import (
+        check_data,
+        check_launch,
+        task_from_config,
+        uses_import_paths,
+        warn_ignored,
+    )
     from tether.methods import METHODS
     from tether.observe.summary import human_summary
     from tether.runner import launch_training
@@ -217,6 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # own components also get a dry run on two samples (a loss that returns a vector, a model
     # that does not fit the data).
     check_data(config)
+    check_launch(config)
     if uses_import_paths(config):
         probe_task(task_from_config(config))
     check_run_dir(config, args.overwrite)  # before anything is printed or launched

@@ -106,7 +106,7 @@ def run_comparison(
     that method's own tuned defaults); without it every method runs ``config``.
     Returns 0 if at least one method succeeded; raises WorkerFailure otherwise.
     """
-    from tether.catalog import check_data
+    from tether.catalog import check_data, check_launch
     from tether.methods import METHODS
     from tether.training.run_dir import prepare_run_dir
 
@@ -115,6 +115,7 @@ def run_comparison(
     # Missing or corrupt data, and an --out that holds something, fail here, in one line,
     # before any run starts.
     check_data(config)
+    check_launch(config)
     prepare_run_dir(config, overwrite)
     target_is_default = config.target_accuracy is None
     target = DEFAULT_TARGET if config.target_accuracy is None else config.target_accuracy

@@ -12,6 +12,7 @@ tuned defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import types
@@ -24,6 +25,10 @@ from typing import Any
 import tomli_w
 
 from tether.errors import TetherError
+
+MAX_COUNT = 2**40  # steps, epochs, batch sizes...: more than any run does (message headers' bound)
+MAX_WORKERS = 4096
+MIN_TIMEOUT_S = 1.0  # below a second, a busy but healthy peer is declared failed
 
 BACKENDS = ("auto", "gloo", "nccl")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -165,7 +170,11 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Check ranges and names; returns self so calls chain. Raises TetherError on bad input."""
+        _check_magnitudes(self)
         _require(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
+        _require(
+            self.workers <= MAX_WORKERS, f"workers must be <= {MAX_WORKERS}, got {self.workers}"
+        )
         _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
@@ -185,7 +194,15 @@ class TrainConfig:
             _require(self.rho > 0, f"rho must be > 0, got {self.rho}")
         if self.staleness_bound is not None:
             _require(self.staleness_bound >= 0, "staleness_bound must be >= 0")
-        _require(self.timeout_s > 0, f"timeout_s must be > 0, got {self.timeout_s}")
+        _require(
+            self.timeout_s >= MIN_TIMEOUT_S,
+            f"timeout_s must be >= {MIN_TIMEOUT_S:g} s (peers need time to answer), "
+            f"got {self.timeout_s}",
+        )
+        _require(
+            self.fault_rank >= -1,
+            f"fault_rank must be -1 (no fault) or a rank, got {self.fault_rank}",
+        )
         _require(
             self.compress in COMPRESSIONS,
             f"compress must be one of {', '.join(COMPRESSIONS)}, got {self.compress!r}",
@@ -297,6 +314,23 @@ def target_text(metric: str, value: float, above: bool | None = None) -> str:
     return str(Target(metric, above, float(value)))
 
 
+def _check_magnitudes(config: TrainConfig) -> None:
+    """Every number of a config is finite and of a size a run can use: counts below 2**40,
+    seeds in [0, 2**63) (what torch and numpy accept)."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float):
+            _require(math.isfinite(value), f"{field.name} must be a finite number, got {value}")
+        elif isinstance(value, int):
+            if field.name == "seed":
+                ok = 0 <= value < 2**63
+                _require(ok, f"seed must be in [0, 2**63), got {value}")
+            else:
+                _require(abs(value) <= MAX_COUNT, f"{field.name} must be below 2**40, got {value}")
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise TetherError(message)
@@ -368,6 +402,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise TetherError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TetherError(f"config file {path} is not text (TOML is UTF-8)") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -13,7 +13,7 @@ import tether.runner
 from tests.conftest import requires_fashion_mnist, run_cli
 from tether.compare import run_comparison
 from tether.config import TrainConfig
-from tether.errors import WorkerFailure
+from tether.errors import TetherError, WorkerFailure
 from tether.methods import METHODS
 
 
@@ -100,6 +100,11 @@ def test_a_failed_method_does_not_stop_the_comparison(
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert (tmp_path / "compare.png").exists()
 
+    # The same --out again is refused before anything runs, unless overwritten.
+    with pytest.raises(TetherError, match="holds a run"):
+        run_comparison(config, ["works"])
+    assert launched == [("broken", 3), ("works", 3)]
     # Every method failing is an error (exit code 1 in the CLI), after the files are written.
     with pytest.raises(WorkerFailure, match="broken failed, nothing to compare"):
-        run_comparison(config, ["broken"])
+        run_comparison(config, ["broken"], overwrite=True)
+    assert not (tmp_path / "works" / "summary.json").exists()  # the earlier run was replaced

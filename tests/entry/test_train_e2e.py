@@ -84,7 +84,8 @@ def test_crash_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "allreduce"), [("kill", "native"), ("hang", "native"), ("hang", "ring")]
+    ("kind", "allreduce"),
+    [("kill", "native"), ("hang", "native"), ("hang", "ring"), ("stop", "native")],
 )
 def test_dead_or_hung_worker_stops_the_run(tmp_path: Path, kind: str, allreduce: str) -> None:
     fault = ["--set", "fault_rank=1", "--set", "fault_step=5", "--set", f"fault_kind={kind}"]
@@ -94,14 +95,21 @@ def test_dead_or_hung_worker_stops_the_run(tmp_path: Path, kind: str, allreduce:
     assert result.returncode == 1
     if kind == "kill":
         assert "worker rank 1 failed: killed by SIGKILL" in result.stderr
-    elif allreduce == "native":  # the survivor's gloo collective times out, naming only itself
+    elif kind == "stop":  # SIGSTOP: the agent's SIGTERM alone would wait 30 s for it
+        assert "worker rank 1 was stopped (SIGSTOP) and stopped answering" in result.stderr
+        assert "worker rank 0 failed" in result.stderr, result.stderr
+    elif allreduce == "native":  # the survivor's gloo collective times out, naming itself...
         assert "worker rank 0 failed" in result.stderr and "Timed out" in result.stderr
+        # ... and the launcher names the rank that stopped answering, first
+        said = "worker rank 1 did not fail itself and stopped answering"
+        assert said in result.stderr, result.stderr
+        assert result.stderr.find(said) < result.stderr.find("worker rank 0 failed")
     else:  # our schedules also name the rank they waited for; the hung rank is then killed
         said = "worker rank 0 failed: PeerStalled: ring schedule, rank 0: gave up"
         assert said in result.stderr and "rank 1 in round" in result.stderr, result.stderr
         assert "Timed out" in result.stderr
-    # From the moment of the fault to the end of the `tether` process: under 10 s (for the
-    # hang this includes the 5 s collective timeout).
+    # From the moment of the fault to the end of the `tether` process: under 10 s, --timeout
+    # + 5 s (for a hang this includes the 5 s collective timeout).
     fault_at = float((tmp_path / "injected_fault.txt").read_text())
     assert stopped - fault_at < 10, stopped - fault_at
 

@@ -17,7 +17,7 @@ import datetime
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tether.catalog import (
+    check_global_batch,
+    check_launch,
     check_names,
     infer_shape_and_classes,
     load_data,
@@ -119,6 +121,9 @@ def fit(
     task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
     probe_task(task)
+    check_launch(config)
+    if isinstance(task.train_data, Sized):
+        check_global_batch(config, len(task.train_data))
     run_dir = Path(str(config.out))
     check_run_dir(config, overwrite)  # before the task is written: nothing to undo
     scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -64,9 +65,38 @@ DEFAULT_TIMEOUT_S = 600.0
 # at 16 MiB, swung the 2-rank ring from 0.8x to 1.0x native between runs of the same code.
 REPEAT_BYTES = 512 << 20
 MIN_REPEATS = 3
+MAX_REPEATS = 10**6
+MAX_WORKERS = 4096
+# Buffers of the largest size a rank holds at once (input, output, the algorithm's scratch and
+# the reference result): for the memory check before launch.
+BUFFERS_PER_RANK = 4
 
 
 # -- arguments ------------------------------------------------------------------------------------
+def check_memory(workers: int, largest: int) -> None:
+    """Every local rank holds BUFFERS_PER_RANK buffers of the largest size: refuse sizes that
+    cannot fit in this machine's available memory before any rank starts."""
+    available = available_memory_bytes()
+    need = workers * largest * BUFFERS_PER_RANK
+    if available is not None and need > available:
+        raise TetherError(
+            f"--sizes up to {largest / 2**20:.0f} MiB on {workers} ranks needs about "
+            f"{need / 2**30:.1f} GiB; this machine has {available / 2**30:.1f} GiB available: "
+            "lower the largest size"
+        )
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def parse_size(text: str) -> int:
     """``"64MB"`` -> 67108864: an integer and a unit (B, KB, MB, GB: powers of 1024)."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?B)?\s*", text, flags=re.IGNORECASE)
@@ -148,10 +178,10 @@ def resolve_args(
         raise TetherError(f"unknown --backend {backend!r}; valid: auto, gloo, nccl")
     if transport == "mpi" and backend != "auto":
         raise TetherError("--backend applies to --transport torch only (MPI has its own)")
-    if repeats < 1:
-        raise TetherError("--repeats must be >= 1")
-    if not timeout_s > 0:
-        raise TetherError("--timeout must be > 0")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise TetherError(f"--repeats must be in 1..{MAX_REPEATS}, got {repeats}")
+    if not (math.isfinite(timeout_s) and timeout_s >= 1):
+        raise TetherError(f"--timeout must be a finite number of seconds >= 1, got {timeout_s}")
     valid = algorithms_for(op)
     if algos is None or algos.strip() in ("", "all"):
         names = tuple(valid)
@@ -301,7 +331,14 @@ def run_comm_bench(
 
     if workers < 2:
         raise TetherError("--workers must be >= 2 (a collective needs several ranks)")
+    if workers > MAX_WORKERS:
+        raise TetherError(f"--workers must be <= {MAX_WORKERS}, got {workers}")
     check_nodes(workers, nodes, link_mbit)
+    check_memory(workers, max(args.sizes))
+    if args.transport == "torch":
+        from tether.launch.worker import resolve_backend
+
+        resolve_backend(args.backend, workers // max(nodes, 1))  # nccl needs a GPU per rank
     if nodes > 1 and args.transport != "torch":
         raise TetherError("--nodes runs torchrun across emulated nodes: use --transport torch")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -76,9 +76,10 @@ def read_cifar10(data_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return train_x, train_y, test_x, test_y
 
 
-def check_cifar10(data_dir: Path) -> None:
-    """Validate presence, record sizes and labels without the float conversion."""
-    read_cifar10(data_dir)
+def check_cifar10(data_dir: Path) -> int:
+    """Validate presence, record sizes and labels without the float conversion; returns the
+    number of training images."""
+    return len(read_cifar10(data_dir)[0])
 
 
 def load_cifar10(data_dir: Path) -> ArrayDataset:

@@ -27,12 +27,12 @@ class DatasetSpec:
     """How to load and check one data set.
 
     ``load(data_dir, seed)`` and ``check(data_dir)`` get the resolved directory (``None`` for data
-    sets without files). ``default_dir`` is where files are looked for without ``--data-dir``;
+    sets without files); ``check`` returns the number of training samples. ``default_dir`` is where files are looked for without ``--data-dir``;
     without either, ``no_dir_hint`` is the error message.
     """
 
     load: Callable[[Path | None, int], ArrayDataset]
-    check: Callable[[Path | None], None]
+    check: Callable[[Path | None], int]
     needs_files: bool
     default_dir: Path | None = None
     no_dir_hint: str = ""  # the error when there is no default_dir and no --data-dir
@@ -62,8 +62,9 @@ def _mnist_like(name: str, hint: str, default_dir: Path) -> DatasetSpec:
     def load(d: Path | None, seed: int) -> ArrayDataset:
         return load_mnist_like(_need_dir(d), name, hint)
 
-    def check(d: Path | None) -> None:
-        read_mnist_like(_need_dir(d), name, hint)  # everything but the float conversion
+    def check(d: Path | None) -> int:
+        train_x, *_ = read_mnist_like(_need_dir(d), name, hint)  # all but the float conversion
+        return len(train_x)
 
     return DatasetSpec(load=load, check=check, needs_files=True, default_dir=default_dir)
 
@@ -77,7 +78,7 @@ DATASETS.register("mnist", help="MNIST: 60000/10000 28x28 grayscale digits, 10 c
 DATASETS.register("cifar10", help="CIFAR-10: 50000/10000 32x32 RGB, 10 classes (binary batches)")(
     DatasetSpec(
         load=lambda d, seed: load_cifar10(_need_dir(d)),
-        check=lambda d: check_cifar10(_need_dir(d)),
+        check=lambda d: check_cifar10(_need_dir(d)),  # returns the training samples
         needs_files=True,
         no_dir_hint=f"CIFAR-10 has no default location; {CIFAR_HOW_TO_GET}",
     )
@@ -85,14 +86,14 @@ DATASETS.register("cifar10", help="CIFAR-10: 50000/10000 32x32 RGB, 10 classes (
 DATASETS.register("digits", help="scikit-learn digits: 1500/297 8x8 grayscale, bundled")(
     DatasetSpec(
         load=lambda d, seed: load_digits_dataset(),
-        check=lambda d: None,
+        check=lambda d: len(load_digits_dataset().train_x),
         needs_files=False,
     )
 )
 DATASETS.register("synthetic", help="synthetic: 8192/2048 1x28x28, 10 classes, from the seed")(
     DatasetSpec(
         load=lambda d, seed: make_synthetic(seed=seed),
-        check=lambda d: None,
+        check=lambda d: len(make_synthetic(seed=0).train_x),
         needs_files=False,
     )
 )
@@ -119,7 +120,8 @@ def load_dataset(name: str, data_dir: Path | None, seed: int = 0) -> ArrayDatase
     return spec.load(_resolve_dir(name, spec, data_dir), seed)
 
 
-def check_dataset(name: str, data_dir: Path | None) -> None:
-    """Raise a TetherError if ``name`` is unknown, its files are missing, or a header is corrupt."""
+def check_dataset(name: str, data_dir: Path | None) -> int:
+    """Raise a TetherError if ``name`` is unknown, its files are missing, or a header is corrupt;
+    returns the number of training samples."""
     spec = DATASETS.get(name)
-    spec.check(_resolve_dir(name, spec, data_dir))
+    return spec.check(_resolve_dir(name, spec, data_dir))

@@ -59,6 +59,29 @@ def _reason(failure: ProcessFailure) -> str:
     return f"exited with code {failure.exitcode}"
 
 
+def _gave_up(reason: str) -> bool:
+    """Whether a failed rank's reason says it waited for a peer until its timeout."""
+    text = reason.lower()
+    return "timed out" in text or "timeout" in text or "gave up" in text
+
+
+def unanswering_ranks(marks: Path | None, waited: bool) -> dict[int, str]:
+    """What the supervisors' marks say, by rank: a stopped (SIGSTOP) rank stopped answering; one
+    still running when the run was stopped did, if the failed ranks gave up waiting
+    (``waited``: a timeout; after an exception the healthy ranks are running too)."""
+    if marks is None or not marks.is_dir():
+        return {}
+    states = [("stopped", "was stopped (SIGSTOP) and stopped answering")]
+    if waited:
+        states.append(("running", "did not fail itself and stopped answering (hung?)"))
+    said: dict[int, str] = {}
+    for state, how in states:
+        for path in marks.glob(f"{state}-rank-*"):
+            rank = int(path.name.rsplit("-", 1)[1])
+            said.setdefault(rank, f"worker rank {rank} {how}")
+    return said
+
+
 def _traceback(failure: ProcessFailure) -> str:
     data = failure.error_file_data or {}
     info = data.get("message", {})
@@ -67,13 +90,23 @@ def _traceback(failure: ProcessFailure) -> str:
     return str(info)
 
 
-def describe_failures(error: ChildFailedError, log: Path | None) -> tuple[str, list[int]]:
-    """One line per failed rank; full tracebacks go to ``log`` (the run's failures.log)."""
-    lines, details, ranks = [], [], []
+def describe_failures(
+    error: ChildFailedError, log: Path | None, marks: Path | None = None
+) -> tuple[str, list[int]]:
+    """One line per failed rank; full tracebacks go to ``log`` (the run's failures.log). The
+    ranks the supervisors found stopped (SIGSTOP) or still at work when the run was stopped
+    (``marks``) come first, instead of "killed by SIGTERM": they stopped answering, the other
+    failed ranks gave up waiting for them."""
+    reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
+    waited = any(_gave_up(reason) for reason in reasons.values())
+    silent = unanswering_ranks(marks, waited)
+    lines = [text for rank, text in sorted(silent.items())]
+    details, ranks = [], []
     for rank, failure in sorted(error.failures.items()):
         ranks.append(rank)
-        lines.append(f"worker rank {rank} failed: {_reason(failure)}")
-        details.append(f"== worker rank {rank} ==\n{_traceback(failure) or _reason(failure)}\n")
+        if rank not in silent or not reasons[rank].startswith("killed by"):
+            lines.append(f"worker rank {rank} failed: {reasons[rank]}")
+        details.append(f"== worker rank {rank} ==\n{_traceback(failure) or reasons[rank]}\n")
     message = "; ".join(lines)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -124,20 +157,22 @@ def launch_local(
     """
     launch = local_launch_config(processes, "tether")
     run_dir = Path(config.out) if config.out else None
+    marks = Path(tempfile.mkdtemp(prefix="tether-ranks-"))
     try:
-        if tolerant and run_dir is not None:
-            _launch_supervised(launch, config, run_dir, worker_module, extra_args)
+        if run_dir is not None:
+            _launch_supervised(launch, config, run_dir, worker_module, extra_args, tolerant, marks)
         else:
             elastic_launch(launch, worker)(config.to_toml(), *extra_args)
     except ChildFailedError as error:
         log = run_dir / "failures.log" if run_dir is not None else None
-        message, ranks = describe_failures(error, log)
+        message, ranks = describe_failures(error, log, marks)
         if tolerant and run_dir is not None:
             _append(run_dir / "failures.log", failures_text(read_lost_records(run_dir)))
         raise WorkerFailure(message, ranks) from None
     except SignalException as stop:  # we were told to stop (Ctrl-C, kill): so were the ranks
         raise stopped(stop) from None
     finally:
+        shutil.rmtree(marks, ignore_errors=True)
         if config.timeline and run_dir is not None:
             merge_after_run(run_dir)
     if tolerant and run_dir is not None:
@@ -150,13 +185,19 @@ def _launch_supervised(
     run_dir: Path,
     worker_module: str,
     extra_args: tuple[str, ...],
+    tolerant: bool,
+    marks: Path,
 ) -> None:
+    """Each rank under the supervisor (see :mod:`tether.launch.supervise`): ``tolerant``, a
+    worker may be lost; always, a stop reaches a stopped or blocked worker, and ``marks``
+    records which ranks were stopped or still at work when the run was stopped."""
     lost = run_dir / LOST_DIR
     shutil.rmtree(lost, ignore_errors=True)  # records of an earlier attempt (before a resume)
     config_path = run_dir / LAUNCH_CONFIG
     atomic_write_text(config_path, config.to_toml())
     python = sys.executable
-    supervise = [python, "-m", "tether.launch.supervise", "--lost-dir", str(lost), "--"]
+    supervise = [python, "-m", "tether.launch.supervise", "--marks-dir", str(marks)]
+    supervise += ["--lost-dir", str(lost), "--"] if tolerant else ["--"]
     worker = [python, "-m", worker_module, str(config_path), *extra_args]
     elastic_launch(launch, supervise[0])(*supervise[1:], *worker)
 

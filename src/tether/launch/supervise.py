@@ -14,6 +14,14 @@ does not wait for it forever. Stop signals from the agent are forwarded to the c
 gets SIGKILL if the supervisor dies, and the supervisor SIGTERM if the agent dies (Linux), so no
 worker outlives its launcher.
 
+Every local run's workers (synchronous methods too) run under it, for the way a run stops: the
+agent's SIGTERM cannot stop a process that is itself stopped (SIGSTOP) or blocked in a
+collective, and the agent then waits 30 s before it kills. The supervisor forwards the signal
+with a SIGCONT, and kills a child still alive ``STOP_GRACE_S`` later. With ``--marks-dir`` it
+also records a child that was stopped or still running when the run was stopped
+(``stopped-rank-R``, ``running-rank-R``): the launcher names those ranks, the ones that stopped
+answering, before the ranks that gave up waiting for them.
+
 Standard library only, no torch: it must start fast and stay small.
     python -m tether.launch.supervise [--lost-dir DIR] -- COMMAND [ARGS...]
 """
@@ -38,6 +46,7 @@ from tether.launch.lost import SERVER_FINISHED, lost_record, read_error_file, wr
 SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
 GRACE_S = 5.0  # how long a worker may outlive a finished server before it is killed
+STOP_GRACE_S = 3.0  # how long a child may take to end after a forwarded stop signal
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -76,14 +85,26 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/PID/stat`` (R running, S sleeping, T stopped...); "" if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 class Supervisor:
     """Runs one worker; see the module docstring. ``lost_dir`` None: pass every failure on."""
 
-    def __init__(self, command: list[str], lost_dir: Path | None, rank: int) -> None:
+    def __init__(
+        self, command: list[str], lost_dir: Path | None, rank: int, marks_dir: Path | None = None
+    ) -> None:
         self.command = command
         self.lost_dir = lost_dir
+        self.marks_dir = marks_dir
         self.rank = rank
         self.stop_signal: int | None = None
+        self.stop_deadline: float | None = None
         self.child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -93,9 +114,26 @@ class Supervisor:
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         del frame
+        first = self.stop_signal is None
         self.stop_signal = signum
         if self.child is not None and self.child.poll() is None:
+            if first:
+                self._mark(self.child.pid)
             self.child.send_signal(signum)
+            # A stopped child handles the signal only once continued.
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signal.SIGCONT)
+            if self.stop_deadline is None:
+                self.stop_deadline = time.monotonic() + STOP_GRACE_S
+
+    def _mark(self, pid: int) -> None:
+        """Record that the child was still at work, or stopped, when the run was stopped."""
+        if self.marks_dir is None:
+            return
+        state = "stopped" if process_state(pid) in ("T", "t") else "running"
+        with contextlib.suppress(OSError):
+            self.marks_dir.mkdir(parents=True, exist_ok=True)
+            (self.marks_dir / f"{state}-rank-{self.rank}").touch()
 
     def run(self) -> int:
         for sig in FORWARDED:
@@ -144,15 +182,17 @@ class Supervisor:
         """The child's exit status, and whether we killed it for outliving the server: the
         server has given up on it (or it hangs on its way out), and the agent would otherwise
         wait for it forever."""
-        if not self.tolerated:
-            return child.wait(), False
-        assert self.lost_dir is not None
         finished_at: float | None = None
         while True:
             try:
                 return child.wait(timeout=POLL_S), False
             except subprocess.TimeoutExpired:
                 pass
+            if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+                child.kill()  # it did not end after the stop signal: stopped, or blocked
+                return child.wait(), False
+            if self.lost_dir is None or not self.tolerated:
+                continue
             if finished_at is None and (self.lost_dir / SERVER_FINISHED).exists():
                 finished_at = time.monotonic()
             if finished_at is not None and time.monotonic() - finished_at > GRACE_S:
@@ -167,12 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="tolerate the loss of a worker rank other than 0: record it here and exit 0",
     )
+    parser.add_argument(
+        "--marks-dir",
+        type=Path,
+        help="record here a child stopped or still running when the run is stopped",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to supervise")
-    return Supervisor(command, args.lost_dir, DistEnv.read().rank).run()
+    return Supervisor(command, args.lost_dir, DistEnv.read().rank, args.marks_dir).run()
 
 
 if __name__ == "__main__":
