@@ -99,12 +99,17 @@ def describe_failures(
     failed ranks gave up waiting for them."""
     reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
     waited = any(_gave_up(reason) for reason in reasons.values())
-    silent = unanswering_ranks(marks, waited)
+    silent = {
+        rank: text
+        for rank, text in unanswering_ranks(marks, waited).items()
+        # A rank that recorded its own error was at work on its way out, not silent.
+        if rank not in reasons or reasons[rank].startswith("killed by")
+    }
     lines = [text for rank, text in sorted(silent.items())]
     details, ranks = [], []
     for rank, failure in sorted(error.failures.items()):
         ranks.append(rank)
-        if rank not in silent or not reasons[rank].startswith("killed by"):
+        if rank not in silent:
             lines.append(f"worker rank {rank} failed: {reasons[rank]}")
         details.append(f"== worker rank {rank} ==\n{_traceback(failure) or reasons[rank]}\n")
     message = "; ".join(lines)
