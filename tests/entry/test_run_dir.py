@@ -204,6 +204,21 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path: Path) -> None:
     validate_checkpoint(_checkpoint(tmp_path / "ok" / "checkpoint.pt"), config)
 
 
+def test_resume_with_another_global_batch_is_refused_where_it_defines_the_run(
+    tmp_path: Path,
+) -> None:
+    for method in ("sync-sgd", "local-sgd"):
+        path = tmp_path / method / "checkpoint.pt"
+        _checkpoint(path, method_name=method, workers=2, batch_size=32)
+        config = _config(tmp_path, method=method, model="lenet5", workers=3, batch_size=32)
+        with pytest.raises(TetherError, match=r"global batch \(64 -> 96\).*--workers 2"):
+            validate_checkpoint(path, config)
+    path = tmp_path / "easgd" / "checkpoint.pt"
+    _checkpoint(path, method_name="sync-easgd", workers=2, batch_size=32)
+    easgd = _config(tmp_path, method="sync-easgd", model="lenet5", workers=3, batch_size=32)
+    validate_checkpoint(path, easgd)  # restarts every worker from the center
+
+
 def test_files_follow_the_umask(tmp_path: Path) -> None:
     for mask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
         old = os.umask(mask)

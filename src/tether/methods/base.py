@@ -121,6 +121,10 @@ class TrainingMethod(ABC):
     # The method-specific config keys it reads (among tether.methods.METHOD_SETTINGS): setting
     # another one warns that it has no effect.
     settings: ClassVar[frozenset[str]] = frozenset()
+    # Whether the ranks' replicas differ between synchronisations (EASGD, local SGD): then every
+    # rank checkpoints its own replica and optimizer (a shard), so that a resume with the same
+    # workers continues exactly; else rank 0's state stands for all.
+    per_rank_state: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -148,6 +152,7 @@ class TrainingMethod(ABC):
                 )
             self.scaler = LossScaler(ScalerSettings.of(self.config), self.overflow_sharing())
         self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
+        self.own_replica_restored = False  # set by load_state_dict from a rank's own shard
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k
         # backward passes (set by the caller).
         self.grad_scale = 1.0
@@ -333,6 +338,8 @@ class TrainingMethod(ABC):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # From a rank's own checkpoint shard (see per_rank_state): start() keeps its replica.
+        self.own_replica_restored = bool(state.get("own_replica", False))
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:

@@ -36,6 +36,7 @@ class LocalSGD(TrainingMethod):
     """
 
     name = "local-sgd"
+    per_rank_state = True
     defaults = {"lr": 0.05, "tau": 4}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"tau", "momentum"}
@@ -51,7 +52,8 @@ class LocalSGD(TrainingMethod):
 
     def start(self, step: int = 0) -> None:
         super().start(step)
-        broadcast_parameters(self.model, self.transport)
+        if not self.own_replica_restored:
+            broadcast_parameters(self.model, self.transport)
 
     def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
         loss = self.local_update(backward, times)

@@ -36,6 +36,7 @@ class SyncEASGD(TrainingMethod):
     """
 
     name = "sync-easgd"
+    per_rank_state = True
     defaults = {"lr": 0.4}
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "single_message"}
 
@@ -54,7 +55,8 @@ class SyncEASGD(TrainingMethod):
     def start(self, step: int = 0) -> None:
         super().start(step)
         broadcast_parameters(self.center_model, self.transport)
-        broadcast_parameters(self.model, self.transport)
+        if not self.own_replica_restored:
+            broadcast_parameters(self.model, self.transport)
 
     def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
         loss = self.local_update(backward, times)
@@ -116,9 +118,11 @@ class SyncEASGD(TrainingMethod):
         return {**super().state_dict(), "center": self.center.clone(), "rounds": self.rounds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Workers restart from the center: it is the model, and this also allows resuming with
-        # a different number of workers. Their optimizer state is rank 0's (what was saved).
+        # From its own shard a worker keeps its replica (loaded with the model); from rank 0's
+        # state alone (a resume with another number of workers) it restarts from the center,
+        # with rank 0's optimizer state.
         super().load_state_dict(state)
         self.center.copy_(state["center"])
-        self.flat.copy_(state["center"])
+        if not state.get("own_replica", False):
+            self.flat.copy_(state["center"])
         self.rounds = int(state["rounds"])

@@ -16,6 +16,31 @@ from tether.errors import TetherError
 from tether.observe.files import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# Methods whose replicas differ between synchronisations also save every rank's own replica and
+# optimizer here (rank-R.pt), before rank 0 writes CHECKPOINT_NAME, which names how many there are.
+SHARDS_DIR = "checkpoint-ranks"
+
+
+def shard_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / SHARDS_DIR / f"rank-{rank}.pt"
+
+
+def save_shard(run_dir: Path, rank: int, state: dict[str, Any]) -> None:
+    atomic_write(shard_path(run_dir, rank), lambda handle: torch.save(state, handle))
+
+
+def load_shard(run_dir: Path, rank: int, step: int) -> dict[str, Any] | None:
+    """This rank's shard of the checkpoint at ``step``; None when there is none of that step."""
+    path = shard_path(run_dir, rank)
+    if not path.exists():
+        return None
+    try:
+        shard = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a torn or foreign file: resume as without shards
+        return None
+    if not isinstance(shard, dict) or shard.get("step") != step:
+        return None
+    return shard
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:

@@ -21,7 +21,7 @@ import torch
 from tether.comm.header import MAX_STEP
 from tether.config import TrainConfig
 from tether.errors import TetherError
-from tether.training.checkpoint import CHECKPOINT_NAME
+from tether.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR
 
 # What a run (or a comparison) writes; --overwrite removes these and nothing else.
 RUN_FILES = (
@@ -40,8 +40,12 @@ RUN_FILES = (
     "compare.json",
     "compare.png",
 )
-RUN_DIRS = ("lost", "timeline", "tensorboard")
+RUN_DIRS = ("lost", "timeline", "tensorboard", SHARDS_DIR)
 CHECKPOINT_KEYS = ("step", "model", "method", "history", "elapsed_s", "time_to_target_s")
+# Methods whose run is defined by its global batch (workers x batch): another worker count would
+# be another run. The EASGD family and the parameter-server methods restart every worker from the
+# center instead, with any count.
+SAME_GLOBAL_BATCH = ("sync-sgd", "local-sgd")
 
 
 def prepare_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
@@ -112,6 +116,19 @@ def remove_stale_temporaries(out: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) -> None:
+    workers, batch = state.get("workers"), state.get("batch_size")
+    if config.method not in SAME_GLOBAL_BATCH or workers is None or batch is None:
+        return
+    if (workers, batch) != (config.workers, config.batch_size):
+        raise TetherError(
+            f"cannot resume: {path} is a {config.method} run of {workers} workers x batch "
+            f"{batch}; {config.workers} x {config.batch_size} would change its global batch "
+            f"({workers * batch} -> {config.workers * config.batch_size}) and data order: "
+            f"resume with --workers {workers} --batch-size {batch}"
+        )
+
+
 def validate_checkpoint(path: Path, config: TrainConfig) -> dict[str, Any]:
     """Load ``path`` safely (``weights_only=True``: no code runs) and check it can resume this
     run: its structure, the method and model it was written by, a plausible step, finite
@@ -140,6 +157,7 @@ def validate_checkpoint(path: Path, config: TrainConfig) -> dict[str, Any]:
                 f"cannot resume: {path} was written by {what} {recorded!r}, this run uses "
                 f"{expected!r}; resume with the run's own --{what}"
             )
+    _check_same_batch(path, state, config)
     step = state["step"]
     budget = config.steps if config.steps is not None else MAX_STEP
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= budget:

@@ -44,7 +44,7 @@ from tether.observe.timeline import (
 )
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import build_method, computing_workers, steps_per_epoch
-from tether.training.checkpoint import load_checkpoint, save_checkpoint
+from tether.training.checkpoint import load_checkpoint, load_shard, save_checkpoint, save_shard
 from tether.training.evaluation import Evaluator
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
@@ -416,10 +416,17 @@ class Trainer:
         return self.transport.rank, self.transport.world_size
 
     def _checkpoint(self, step: int) -> None:
-        if not self.is_writer:
+        shards = self.method.per_rank_state and not self.has_server
+        if not self.is_writer and not shards:
             return
         with self.timeline.span("checkpoint", "checkpoint", step=step):
-            self._checkpoint_now(step)
+            if shards:
+                # Every rank's shard is on disk before rank 0's checkpoint names them.
+                own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+                save_shard(self.run_dir, self.transport.rank, {"step": step, **own})
+                self.transport.barrier()
+            if self.is_writer:
+                self._checkpoint_now(step)
 
     def _checkpoint_now(self, step: int) -> None:
         # The metrics up to this step reach the disk first: a crash after the checkpoint must
@@ -429,6 +436,9 @@ class Trainer:
             "method_name": self.config.method,
             "model_name": self.task.model_name,
             "step": step,
+            "workers": self.workers,
+            "batch_size": self.config.batch_size,
+            "shards": self.transport.world_size if self.method.per_rank_state else 0,
             "model": self.method.model.state_dict(),
             "method": self.method.state_dict(),
             "history": self.history,
@@ -439,9 +449,21 @@ class Trainer:
         save_checkpoint(self.run_dir, state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.method.model.load_state_dict(state["model"])
-        self.method.load_state_dict(state["method"])
-        self.start_step = int(state["step"])
+        step = int(state["step"])
+        shard = None
+        if state.get("shards") == self.transport.world_size:  # same ranks: each its own state
+            shard = load_shard(self.run_dir, self.transport.rank, step)
+            # All ranks or none: a rank without its shard makes every rank start from rank 0's.
+            every = torch.tensor([0 if shard is None else 1])
+            self.transport.all_reduce(every, op="min")
+            shard = shard if bool(every.item()) else None
+        if shard is not None:
+            self.method.model.load_state_dict(shard["model"])
+            self.method.load_state_dict({**shard["method"], "own_replica": True})
+        else:
+            self.method.model.load_state_dict(state["model"])
+            self.method.load_state_dict(state["method"])
+        self.start_step = step
         self.history = list(state["history"])
         self.elapsed_before = float(state["elapsed_s"])
         self.eval_s = float(state.get("eval_s", 0.0))
