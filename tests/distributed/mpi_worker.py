@@ -27,6 +27,7 @@ from tests.distributed.collective_checks import Checks, close, gathered, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
 from tether.comm.header import MessageHeader, MessageKind, ProtocolError
+from tether.comm.messages import PAYLOAD_TAG
 from tether.comm.mpi_transport import MPITransport
 from tether.comm.transport import HEADER_TAG
 from tether.errors import TetherError
@@ -249,6 +250,10 @@ def _refused_then_accepted(t: MPITransport, checks: Checks) -> None:
     if t.rank == 0:
         t.send_message(torch.arange(5.0), dst=1, kind=MessageKind.PARAMS, step=1)
         buffer = torch.zeros(16)
+        # Longer than posted: MPI's truncation error, as a ProtocolError (it was a raw
+        # MPI.Exception), for a header and for a payload longer than its header.
+        _refused(t, checks, buffer, "header from rank 2 is longer than the 48 bytes", None)
+        _refused(t, checks, buffer, "payload from rank 2 is longer than the 16 bytes", None)
         _refused(t, checks, buffer, "announces 32 elements, buffer holds 16", 128)
         _refused(t, checks, buffer, "carries torch.float64, this side expects torch.float32", 32)
         _refused(t, checks, buffer, "claims to come from rank 1", None)
@@ -277,6 +282,12 @@ def _refused_then_accepted(t: MPITransport, checks: Checks) -> None:
         checks.expect(msg.payload.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0], "params")
         t.send_message(torch.empty(0, dtype=torch.int64), 0, MessageKind.STOP)
     elif t.rank == 2:
+        t.comm.Send(
+            [torch.zeros(10, dtype=torch.int64).numpy(), t.MPI.BYTE], dest=0, tag=HEADER_TAG
+        )
+        short = MessageHeader(MessageKind.PARAMS, 2, 0, 4, torch.float32).encode()
+        t.comm.Send([short.numpy(), t.MPI.BYTE], dest=0, tag=HEADER_TAG)
+        t.comm.Send([torch.ones(8).numpy(), t.MPI.BYTE], dest=0, tag=PAYLOAD_TAG)
         t.send_message(torch.ones(32), 0, MessageKind.PARAMS)
         t.send_message(torch.ones(4, dtype=torch.float64), 0, MessageKind.PARAMS)
         forged = MessageHeader(MessageKind.PARAMS, 1, 0, 4, torch.float32).encode()

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind
+from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind, ProtocolError
 
 HEADER_TAG = 7001
 PAYLOAD_TAG = 7002
@@ -46,6 +46,13 @@ class MessageProtocol:
     """``isend_message`` / ``send_message`` / ``recv_message`` on a transport's primitives."""
 
     rank: int
+    # Words a header receive posts. A transport whose receive aborts the process on a message
+    # longer than the buffer (gloo) posts more than a header needs, zeroed, and refuses a header
+    # with anything beyond its words; one that reports it (MPI: truncation) posts exactly.
+    header_capacity: int = HEADER_WORDS
+    # Whether the payload receive posts the whole buffer (the most it accepts) rather than the
+    # header's length: the same protection against a payload longer than its header.
+    payload_posts_whole_buffer: bool = False
 
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> Any:
         """Post each (tensor, tag) to ``dst`` without blocking; returns a handle with ``wait()``
@@ -95,8 +102,11 @@ class MessageProtocol:
         ``timeout`` bounds each of the two receives (see the transport for what a timeout does
         to its connections)."""
         header_tag, payload_tag = message_tags(channel)
-        words = torch.empty(HEADER_WORDS, dtype=torch.int64)
-        sender = self._recv(words, src, header_tag, timeout)
+        posted = torch.zeros(self.header_capacity, dtype=torch.int64)
+        sender = self._recv(posted, src, header_tag, timeout)
+        words = posted[:HEADER_WORDS]
+        if bool(posted[HEADER_WORDS:].any()):
+            raise ProtocolError(f"header from rank {sender} is longer than {HEADER_WORDS} words")
         if isinstance(buffer, Mapping):
             kinds = frozenset(buffer)
             announced = MessageHeader.peek_kind(words, sender, kinds)
@@ -105,5 +115,8 @@ class MessageProtocol:
         header = MessageHeader.decode(words, sender, buffer.numel(), buffer.dtype, kinds)
         payload = buffer[: header.length]
         if header.length:
-            self._recv(payload, sender, payload_tag, timeout, what="payload")
+            # (NCCL, for CUDA payloads, needs equal counts on both sides: post exactly there.)
+            whole = self.payload_posts_whole_buffer and buffer.device.type == "cpu"
+            target = buffer if whole else payload
+            self._recv(target, sender, payload_tag, timeout, what="payload")
         return Message(header, payload)

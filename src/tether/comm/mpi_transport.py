@@ -309,6 +309,27 @@ class MPITransport(MessageProtocol):
         mpi = self.MPI
         source = mpi.ANY_SOURCE if src is None else src
         data, status = [self._memory(tensor), mpi.BYTE], mpi.Status()
+        try:
+            self._receive(data, source, tag, status, timeout)
+        except mpi.Exception as exc:
+            if exc.Get_error_class() != mpi.ERR_TRUNCATE:
+                raise
+            raise ProtocolError(
+                f"{what} from rank {status.Get_source()} is longer than the {tensor.nbytes} bytes "
+                "expected (MPI: message truncated)"
+            ) from None
+        sender = status.Get_source()
+        count = status.Get_count(mpi.BYTE)
+        if count != tensor.nbytes:
+            raise ProtocolError(
+                f"{what} from rank {sender} has {count} bytes, expected {tensor.nbytes}"
+            )
+        return int(sender)
+
+    def _receive(
+        self, data: list, source: int, tag: int, status: Any, timeout: datetime.timedelta | None
+    ) -> None:
+        """The receive itself (blocking, or polled until ``timeout``); MPI errors propagate."""
         if timeout is None:
             self.comm.Recv(data, source=source, tag=tag, status=status)
         else:
@@ -324,13 +345,6 @@ class MPITransport(MessageProtocol):
                     break  # it matched before the cancel took effect: keep it
                 time.sleep(pause)
                 pause = min(2 * pause, MAX_POLL_PAUSE)
-        sender = status.Get_source()
-        count = status.Get_count(mpi.BYTE)
-        if count != tensor.nbytes:
-            raise ProtocolError(
-                f"{what} from rank {sender} has {count} bytes, expected {tensor.nbytes}"
-            )
-        return int(sender)
 
 
 def _is_a_transport(transport: MPITransport) -> Transport:

@@ -91,6 +91,10 @@ class Transport(Protocol):
 class TorchTransport(MessageProtocol):
     """torch.distributed collectives and the header-checked point-to-point protocol."""
 
+    # gloo aborts the receiving process on a message longer than the posted buffer: post more.
+    header_capacity = 1024
+    payload_posts_whole_buffer = True
+
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.rank = dist.get_rank(group)

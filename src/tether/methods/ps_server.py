@@ -5,8 +5,10 @@ computes no gradients; ranks 1..P are the workers. Every exchange is ONE message
 parameter vector over the header-checked point-to-point protocol.
 
 Order of service (You, Buluc, Demmel, SC17, section 4):
-- first come, first served: a receiver thread receives from any source and queues arrivals; the
-  main thread applies them one at a time (serialized updates) and replies;
+- first come, first served: one receiver thread per worker queues that worker's arrivals; the
+  main thread applies them one at a time, in arrival order (serialized updates), and replies. A
+  thread per worker, not one receiving from any source: a worker that sends a header and never
+  its payload then stalls only its own thread (and is given up as silent), not every worker's;
 - round-robin: the main thread receives from rank 1, 2, ..., P in turn; a worker that is ready
   waits for its predecessors, which is the cost the paper's redesign removes.
 
@@ -89,7 +91,8 @@ class ServerEndpoint:
         self.max_step_jump = max_step_jump
         self._events: queue.Queue = queue.Queue()
         self._receiving = False
-        self._threads: dict[int | None, threading.Thread] = {}  # watch threads by rank; receiver
+        # Per worker rank: its liveness watch, and (FCFS) its receiver.
+        self._threads: dict[tuple[str, int], threading.Thread] = {}
         # Liveness of workers that are alive but silent (FCFS only): when each last sent to us
         # (receiver thread); the reply lines know when our replies were read.
         self.silence_timeout_s = silence_timeout_s
@@ -121,7 +124,7 @@ class ServerEndpoint:
             self.lines.post(rank, initial, MessageKind.PARAMS, 0)
         for rank in self.state.workers:
             watcher = threading.Thread(target=self._watch, args=(rank,), daemon=True)
-            self._threads[rank] = watcher
+            self._threads["watch", rank] = watcher
             watcher.start()
 
     def _watch(self, rank: int) -> None:
@@ -139,37 +142,38 @@ class ServerEndpoint:
     # -- arrivals --------------------------------------------------------------------------------
     def _buffers(self) -> dict[MessageKind, torch.Tensor]:
         # A fresh buffer per arrival: the main thread may still be applying the previous one.
+        # Zeroed: a peer that sends fewer elements than its header announced leaves zeros, never
+        # the memory's old contents.
         return {
-            MessageKind.PARAMS: torch.empty_like(self.params),
-            MessageKind.GRADIENT: torch.empty_like(self.params),
+            MessageKind.PARAMS: torch.zeros_like(self.params),
+            MessageKind.GRADIENT: torch.zeros_like(self.params),
             MessageKind.PULL: torch.empty(0, dtype=self.params.dtype),
             MessageKind.STOP: torch.empty(TOTALS_WORDS, dtype=torch.float64),
         }
 
-    def _receive_any(self) -> None:
-        # Post receives only while some worker may still send: once every worker said STOP (or
-        # was lost) the thread ends instead of waiting forever in a receive.
-        said_stop: set[int] = set()
-        workers = set(self.state.workers)
-        while workers - said_stop - set(self.state.lost):
+    def _receive_from(self, rank: int) -> None:
+        # Post receives only while the worker may still send: once it said STOP (or was lost)
+        # the thread ends instead of waiting forever in a receive.
+        while rank not in self.state.lost:
             try:
-                msg = self.transport.recv_message(self._buffers(), src=None, timeout=LISTEN_TIMEOUT)
-            except TetherError as exc:  # a malformed header: stop serving, report it
-                self._events.put(exc)
+                msg = self.transport.recv_message(self._buffers(), src=rank, timeout=LISTEN_TIMEOUT)
+            except TetherError as exc:  # a malformed message: a broken or hostile peer
+                self._events.put(WorkerLost(rank, f"protocol: {exc}"))
                 return
             except Exception:
-                # A sender died between header and payload; its watch reports it. Keep serving.
-                continue
-            if msg.header.kind is MessageKind.STOP:
-                said_stop.add(msg.header.sender)
-            self._heard[msg.header.sender] = time.monotonic()
+                return  # its connection closed: the worker died, and its watch reports it
+            self._heard[rank] = time.monotonic()
             self._events.put(msg)
+            if msg.header.kind is MessageKind.STOP:
+                return
 
     def _start_receiving(self) -> None:
         if not self._receiving:
             self._receiving = True
-            self._threads[None] = threading.Thread(target=self._receive_any, daemon=True)
-            self._threads[None].start()
+            for rank in self.state.workers:
+                thread = threading.Thread(target=self._receive_from, args=(rank,), daemon=True)
+                self._threads["receive", rank] = thread
+                thread.start()
 
     def _next_event(self, timeout: float | None) -> Message | None:
         """The next data message, after book-keeping any goodbye, loss or protocol error;
@@ -241,6 +245,11 @@ class ServerEndpoint:
             return rank not in self.state.lost
         if not self.plausible_step(rank, msg.header.step):
             return False
+        expected = TOTALS_WORDS if msg.header.kind is MessageKind.STOP else self.params.numel()
+        if msg.header.length != expected:
+            why = f"its {msg.header.kind.name} has {msg.header.length} elements, not {expected}"
+            self.give_up(rank, f"protocol: {why} (a broken peer)")
+            return False
         if msg.header.kind is MessageKind.STOP:
             self.state.stopped.add(rank)
             self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
@@ -269,14 +278,14 @@ class ServerEndpoint:
             self.state.lost[event.rank] = event.reason
 
     def settle(self, timeout_s: float = 5.0) -> None:
-        """Wait (up to ``timeout_s`` in all) for the threads that are about to end: the receiver
-        and the watch of every worker that said goodbye, whose second STOP may still be in
+        """Wait (up to ``timeout_s`` in all) for the threads that are about to end: the replies,
+        receiver and watch of every worker that said goodbye, whose second STOP may still be in
         flight. A process group destroyed under a thread inside a receive can abort the process
-        at exit. (A hung worker's watch never ends; it is left as a daemon.)"""
+        at exit. (A hung worker's threads never end; they are left as daemons.)"""
         deadline = time.monotonic() + timeout_s
         self.lines.drain(sorted(self.state.stopped), timeout_s)
-        for key, thread in self._threads.items():
-            if key is None or key in self.state.stopped:
+        for (_, rank), thread in self._threads.items():
+            if rank in self.state.stopped:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- replies ---------------------------------------------------------------------------------
