@@ -128,7 +128,10 @@ def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> La
     loopback.register()
     # The agent logs every state change and each failure's traceback; we report failures in one
     # line per rank and keep the tracebacks in the run directory instead.
-    for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
+    quiet = ("torch.distributed.elastic", "torch.multiprocessing")
+    # Its modules' loggers carry their own level, so the parents' does not reach them.
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(quiet)]
+    for logger in (*quiet, *names):
         logging.getLogger(logger).setLevel(logging.CRITICAL)
     return LaunchConfig(
         min_nodes=1,

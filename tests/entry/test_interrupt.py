@@ -1,0 +1,56 @@
+"""Ctrl-C on a run: the terminal sends SIGINT to the whole foreground process group; `tether`
+stops every worker and exits 130 with one line, without C++ aborts or torch's log lines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_fashion_mnist
+
+
+@requires_fashion_mnist
+@pytest.mark.parametrize("method", ["async-easgd", "sync-sgd"])
+def test_ctrl_c_is_one_clean_line(tmp_path: Path, method: str) -> None:
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "tether", "train", "--method", method, "--workers", "2"]
+    command += ["--steps", "100000", "--no-progress", "--out", str(run)]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # until training has started
+        if method.startswith("async") and (run / "config.toml").exists():
+            break
+        if metrics.exists() and metrics.stat().st_size > 0:
+            break
+        time.sleep(0.5)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert lines[-1] == "tether: interrupted", stderr
+    assert len(lines) == 2, stderr  # the start line and this one
+    for bad in ("terminate called", "Fatal Python error", "Traceback", "Aborted"):
+        assert bad not in stderr, stderr
+    time.sleep(1)
+    assert _processes_mentioning(str(run)) == []  # no worker outlives the run
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
