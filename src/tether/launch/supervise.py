@@ -23,7 +23,7 @@ also records a child that was stopped or still running when the run was stopped
 answering, before the ranks that gave up waiting for them.
 
 Standard library only, no torch: it must start fast and stay small.
-    python -m tether.launch.supervise [--lost-dir DIR] -- COMMAND [ARGS...]
+    python -m tether.launch.supervise [--lost-dir DIR] [--marks-dir DIR] -- COMMAND [ARGS...]
 """
 
 from __future__ import annotations
