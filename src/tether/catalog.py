@@ -8,6 +8,7 @@ checks every name before any process starts, and warns about settings the chosen
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -30,12 +31,17 @@ from tether.models import MODELS, build_model
 from tether.observe.tensorboard import require_tensorboard
 from tether.optim import OPTIMIZERS, SCHEDULES, NamedOptimizer, NamedSchedule, ScheduleSettings
 from tether.optim.builders import OptimizerSettings
+from tether.training.build import uses_momentum
 from tether.training.objective import LOSSES
 from tether.training.task import Task
 
 
 class IgnoredSettingWarning(UserWarning):
     """A setting that has no effect with the chosen method (or components)."""
+
+
+class OversubscribedWarning(UserWarning):
+    """More local processes than cores."""
 
 
 def method_defaults(method: str) -> dict[str, Any]:
@@ -148,6 +154,14 @@ def check_launch(config: TrainConfig) -> None:
             f"fault_rank {config.fault_rank} is not a rank of this run (ranks 0..{processes - 1})"
         )
     resolve_backend(config.backend, processes)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores and processes > cores:
+        warnings.warn(
+            f"{processes} processes on {cores} cores: they take turns on the cores (one thread "
+            "each) and each holds its own copy of the data set, so expect a slow run",
+            OversubscribedWarning,
+            stacklevel=2,
+        )
 
 
 # -- settings a method ignores ---------------------------------------------------------------------
@@ -168,8 +182,7 @@ def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
     optimizer_named = config.optimizer != "auto"
     for key in sorted(set(given)):
         if key == "momentum":
-            uses = config.optimizer == "sgd" if optimizer_named else "momentum" in method.settings
-            if not uses:
+            if not uses_momentum(config):
                 why = (
                     f"the {config.optimizer} optimizer has no momentum setting"
                     if optimizer_named

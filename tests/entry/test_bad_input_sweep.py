@@ -167,3 +167,19 @@ def test_every_bad_input_is_one_line_exit_2(
     assert broken == [], f"{len(broken)} of {len(cases)} cases broke the contract:\n" + "\n".join(
         broken
     )
+
+
+def test_more_processes_than_cores_warns_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from tether.catalog import OversubscribedWarning, check_launch
+    from tether.config import TrainConfig
+
+    cores = len(os.sched_getaffinity(0))
+    with pytest.warns(OversubscribedWarning, match=f"{cores + 1} processes on {cores} cores"):
+        check_launch(TrainConfig(method="sync-sgd", workers=cores + 1))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_launch(TrainConfig(method="sync-sgd", workers=cores))  # no warning

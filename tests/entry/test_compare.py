@@ -80,6 +80,8 @@ def test_a_failed_method_does_not_stop_the_comparison(
             "comm_fraction": 0.1,
             "samples_per_s": 100.0,
             "time_split_s": {"data": 0.1, "compute": 2.0, "comm": 0.2},
+            "settings": {"lr": 0.4, "batch_size": 64, "tau": 1},
+            "alpha": 0.3,
             "history": history,
         }
         (run / "summary.json").write_text(json.dumps(summary))
@@ -96,6 +98,7 @@ def test_a_failed_method_does_not_stop_the_comparison(
     md = (tmp_path / "compare.md").read_text()
     assert "failed: worker rank 1 failed: RuntimeError: boom" in md
     assert "| works | 1.0 | 90.00% |" in md and "| works | 1.0 | 90.00% |" in captured.out
+    assert "| lr 0.4, batch 64, tau 1, alpha 0.3 |" in md  # each row: what that method ran with
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert (tmp_path / "compare.png").exists()

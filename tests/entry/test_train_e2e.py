@@ -125,6 +125,7 @@ def test_torchrun_runs_the_same_worker_entry(tmp_path: Path) -> None:
         [*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("test accuracy") == 1  # rank 0 prints the summary, as tether train
     summary = _check_run_dir(tmp_path, 12)
     assert summary["workers"] == 2
 

@@ -33,6 +33,7 @@ ROW_FIELDS = (
     "wall_time_s",
     "time_split_s",
     "lost_workers",
+    "settings",
     "history",
 )
 
@@ -70,11 +71,20 @@ def row_from_summary(summary: dict[str, Any], target: float, run_dir: Path | str
         "wall_time_s": summary.get("wall_time_s"),
         "time_split_s": summary.get("time_split_s"),
         "lost_workers": list(summary.get("lost_workers") or []),
+        "settings": _with_alpha(summary),
         "history": [
             {"time_s": h["time_s"], "step": h.get("step"), "test_accuracy": h["test_accuracy"]}
             for h in summary.get("history", [])
         ],
     }
+
+
+def _with_alpha(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's settings, with the elastic rate the method computed when none was set."""
+    settings = summary.get("settings")
+    if settings is None or summary.get("alpha") is None or "alpha" in settings:
+        return settings
+    return {**settings, "alpha": summary["alpha"]}
 
 
 def failed_row(method: str, error: str, run_dir: Path | str) -> Row:
@@ -98,12 +108,12 @@ def markdown_table(rows: Sequence[Row], target: float) -> str:
     """The comparison table, one line per method, in the order the methods ran."""
     header = (
         f"| method | time to {target:.0%} (s) | final accuracy | samples/s | comm share "
-        "| rounds | wall time (s) | note |"
+        "| rounds | wall time (s) | settings | note |"
     )
-    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for row in rows:
         if row["status"] != "ok":
-            cells = ["–"] * 6 + [_cell(f"failed: {row['error']}")]
+            cells = ["–"] * 7 + [_cell(f"failed: {row['error']}")]
         else:
             reached = row["time_to_target_s"]
             lost = row.get("lost_workers") or []
@@ -114,10 +124,24 @@ def markdown_table(rows: Sequence[Row], target: float) -> str:
                 _num(row["comm_fraction"], ".1%"),
                 _num(row["rounds"], "d"),
                 _num(row["wall_time_s"], ".1f"),
+                _cell(settings_text(row.get("settings"))),
                 "lost workers: " + ", ".join(str(w) for w in lost) if lost else "",
             ]
         lines.append("| " + " | ".join([_cell(row["method"]), *cells]) + " |")
     return "\n".join(lines)
+
+
+def settings_text(settings: dict[str, Any] | None) -> str:
+    """A row's own settings, e.g. ``lr 0.4, batch 64, tau 1, alpha 0.225``."""
+    if not settings:
+        return "–"
+    names = {"batch_size": "batch"}
+    return ", ".join(
+        f"{names.get(key, key)} {value:g}"
+        if isinstance(value, float)
+        else f"{names.get(key, key)} {value}"
+        for key, value in settings.items()
+    )
 
 
 def settings_line(settings: dict[str, Any]) -> str:
@@ -134,7 +158,8 @@ def settings_line(settings: dict[str, Any]) -> str:
         f"Settings: model {settings['model']}, dataset {settings['dataset']}, "
         f"{settings['workers']} workers, batch {settings['batch_size']} per worker "
         f"({settings['batch_size'] * settings['workers']} global), {length}, "
-        f"lr {settings['lr']}, seed {settings['seed']}; {target}. Date: {settings['date']}."
+        f"seed {settings['seed']} (each method's own settings in its row); {target}. "
+        f"Date: {settings['date']}."
     )
 
 

@@ -75,12 +75,13 @@ def _plot_accuracy(ax: Axes, rows: Sequence[dict[str, Any]], target: float | Non
     if not any(row["status"] == "ok" and row.get("history") for row in rows):
         ax.set_ylim(0, 1)  # nothing to draw: show the full range rather than a sliver
         ax.set_xlim(0, 1)
-    ax.set_xlabel("wall time (s, from the first step)")
+    # The history's times leave out the evaluation pauses (see the trainer): say so.
+    ax.set_xlabel("training time (s from the first step, evaluation pauses excluded)")
     ax.set_ylabel("test accuracy")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
-    ax.set_title("Test accuracy against wall time")
+    ax.set_title("Test accuracy against training time")
     ax.legend(loc="best", fontsize="small")
 
 

@@ -54,3 +54,25 @@ def build_method(
     scheduler = build_scheduler(task.scheduler, optimizer, total_steps, epoch_steps)
     context = MethodContext(config, transport, device, placement)
     return method_cls(model, context, optimizer, scheduler)
+
+
+def uses_momentum(config: TrainConfig) -> bool:
+    """Whether the run's local step has a momentum: a named SGD optimizer, or the method's own
+    step when it declares the setting."""
+    if config.optimizer != "auto":
+        return config.optimizer == "sgd"
+    return "momentum" in METHODS.get(config.method).settings
+
+
+def run_settings(config: TrainConfig) -> dict[str, object]:
+    """The settings the run's method actually uses, for its summary and comparison row: the
+    learning rate (scaled, if asked), the per-worker batch, momentum where it applies, and the
+    method's own settings that are set (tau, alpha, rho, ...)."""
+    settings: dict[str, object] = {"lr": config.scaled_lr, "batch_size": config.batch_size}
+    if uses_momentum(config):
+        settings["momentum"] = config.momentum
+    for key in sorted(METHODS.get(config.method).settings):
+        value = getattr(config, key, None)
+        if value is not None and key != "momentum":
+            settings[key] = value
+    return settings

@@ -43,7 +43,12 @@ from tether.observe.timeline import (
     write_rank_file,
 )
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
-from tether.training.build import build_method, computing_workers, steps_per_epoch
+from tether.training.build import (
+    build_method,
+    computing_workers,
+    run_settings,
+    steps_per_epoch,
+)
 from tether.training.checkpoint import load_checkpoint, load_shard, save_checkpoint, save_shard
 from tether.training.evaluation import Evaluator
 from tether.training.faults import maybe_inject_fault, send_fault
@@ -51,10 +56,16 @@ from tether.training.method_optimizer import MethodOptimizer
 from tether.training.objective import Objective
 from tether.training.task import Task
 
+MIN_EVALUATIONS = 8  # a short run still gets a curve, not a point
 
-def default_eval_every(steps_per_epoch: int) -> int:
-    """About four evaluations per epoch: enough points for an accuracy-vs-time curve."""
-    return max(1, steps_per_epoch // 4)
+
+def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> int:
+    """About four evaluations per epoch, and at least ``MIN_EVALUATIONS`` in a run of
+    ``total_steps``: enough points for an accuracy-vs-time curve."""
+    every = max(1, steps_per_epoch // 4)
+    if total_steps is not None:
+        every = min(every, max(1, total_steps // MIN_EVALUATIONS))
+    return every
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,7 @@ class Trainer:
             task.collate_fn,
             task.loader_options,
         )
-        self.eval_every = config.eval_every or default_eval_every(spe)
+        self.eval_every = config.eval_every or default_eval_every(spe, self.total_steps)
         self.history: list[dict[str, Any]] = []
         self.totals = PhaseTotals()
         self.start_step = 0
@@ -492,6 +503,7 @@ class Trainer:
             "accumulate": config.accumulate,
             "global_batch_size": config.batch_size * self.workers * config.accumulate,
             "lr": config.scaled_lr,  # with the linear scaling rule applied, if asked
+            "settings": run_settings(config),  # what this method used (compare's rows)
             "optimizer": type(self.method.optimizer).__name__,
             "lr_schedule": (
                 type(self.method.scheduler).__name__ if self.method.scheduler else None

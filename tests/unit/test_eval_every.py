@@ -1,0 +1,17 @@
+"""The default evaluation interval: four per epoch, and at least eight in a short run."""
+
+from __future__ import annotations
+
+from tether.training.trainer import MIN_EVALUATIONS, default_eval_every
+
+
+def test_four_per_epoch_in_long_runs() -> None:
+    assert default_eval_every(937, 937 * 3) == 234
+
+
+def test_short_runs_get_a_curve() -> None:
+    # --steps 100 at 937 steps per epoch used to evaluate once (every 234 steps).
+    every = default_eval_every(937, 100)
+    assert every == 12 and 100 // every >= MIN_EVALUATIONS
+    assert default_eval_every(937, 3) == 1
+    assert default_eval_every(2) == 1
