@@ -68,6 +68,7 @@ def main() -> None:
         lr=0.05,  # the default optimizer: the method's own (momentum SGD for local-sgd)
         target=("loss", 0.35),  # a loss target: reached when the test MSE drops below
         out=args.out,
+        overwrite=True,  # the example's own directory: running it again replaces it
     )
     final = result.summary["final_metrics"]
     baseline = float((test.tensors[1] - train.tensors[1].mean()).abs().mean()) * SCALE

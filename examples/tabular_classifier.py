@@ -74,6 +74,7 @@ def main() -> None:
         tau=2,
         target=("accuracy", 0.95),
         out=args.out,
+        overwrite=True,  # the example's own directory: running it again replaces it
     )
     final = result.summary["final_metrics"]
     reached = result.summary["time_to_target_s"]
