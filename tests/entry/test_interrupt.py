@@ -16,7 +16,7 @@ from tests.conftest import requires_fashion_mnist
 
 
 @requires_fashion_mnist
-@pytest.mark.parametrize("method", ["async-easgd", "sync-sgd"])
+@pytest.mark.parametrize("method", ["async-easgd"])  # the case: C++ aborts on Ctrl-C
 def test_ctrl_c_is_one_clean_line(tmp_path: Path, method: str) -> None:
     run = tmp_path / "run"
     command = [sys.executable, "-m", "tether", "train", "--method", method, "--workers", "2"]

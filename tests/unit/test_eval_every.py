@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tether.training.trainer import MIN_EVALUATIONS, default_eval_every
+from tether.training.trainer import MIN_EVAL_INTERVAL, MIN_EVALUATIONS, default_eval_every
 
 
 def test_four_per_epoch_in_long_runs() -> None:
@@ -13,5 +13,5 @@ def test_short_runs_get_a_curve() -> None:
     # --steps 100 at 937 steps per epoch used to evaluate once (every 234 steps).
     every = default_eval_every(937, 100)
     assert every == 12 and 100 // every >= MIN_EVALUATIONS
-    assert default_eval_every(937, 3) == 1
+    assert default_eval_every(937, 30) == MIN_EVAL_INTERVAL  # not at every step
     assert default_eval_every(2) == 1

@@ -127,7 +127,7 @@ def test_markdown_and_json(rows: list[dict[str, Any]], tmp_path: Path) -> None:
     assert "not reached" in easgd and "| 7 |" in easgd and "lost workers: 3" in easgd
     # A "|" in the error message must not break the table.
     assert "failed: worker rank 1 failed: RuntimeError: boom \\| bad" in failed
-    assert failed.count(" | ") == 7
+    assert failed.count(" | ") == 8  # nine cells: the escaped "|" is not a separator
     assert "model lenet5, dataset fashion-mnist, 2 workers, batch 32 per worker" in md
     assert "30 steps" in md and "2026-11-22" in md
     assert "target accuracy 80% (comparison default" in md

@@ -57,14 +57,16 @@ from tether.training.objective import Objective
 from tether.training.task import Task
 
 MIN_EVALUATIONS = 8  # a short run still gets a curve, not a point
+MIN_EVAL_INTERVAL = 10  # ...but a very short one is not evaluated at every step
 
 
 def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> int:
     """About four evaluations per epoch, and at least ``MIN_EVALUATIONS`` in a run of
-    ``total_steps``: enough points for an accuracy-vs-time curve."""
+    ``total_steps`` (no closer than ``MIN_EVAL_INTERVAL`` steps apart): enough points for an
+    accuracy-vs-time curve. The last step is always evaluated as well."""
     every = max(1, steps_per_epoch // 4)
     if total_steps is not None:
-        every = min(every, max(1, total_steps // MIN_EVALUATIONS))
+        every = min(every, max(MIN_EVAL_INTERVAL, total_steps // MIN_EVALUATIONS))
     return every
 
 
