@@ -10,10 +10,11 @@ is a one-line error (exit 2, as the CLI's) and anything else keeps its traceback
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from tether.errors import TetherError, WorkerFailure
 from tether.launch.env import elastic_error_file
@@ -24,11 +25,12 @@ if TYPE_CHECKING:  # torch is imported where it is used
 
 def worker_exit_status(body: Callable[[], object]) -> int:
     """Run a worker program's ``body``; returns the process's exit status (0 when it finished,
-    130 when the launcher stopped it with SIGINT, 1 or 2 after an error as above)."""
+    1 or 2 after an error as above). Stopped by SIGINT (Ctrl-C), it does not return: the
+    process ends at once with 130 (see :func:`leave_interrupted`)."""
     try:
         body()
     except KeyboardInterrupt:  # the launcher is stopping the run (Ctrl-C): no traceback
-        return 128 + signal.SIGINT
+        leave_interrupted()
     except TetherError as exc:
         if elastic_error_file() is None:
             print(f"tether: error: {exc}", file=sys.stderr)
@@ -39,6 +41,17 @@ def worker_exit_status(body: Callable[[], object]) -> int:
             raise
         return 1
     return 0
+
+
+def leave_interrupted() -> NoReturn:
+    """End an interrupted worker now, with status 130, without the interpreter's teardown. The
+    body has unwound (its ``finally`` blocks closed the logs; every file is written atomically),
+    but threads of the parameter-server methods may still be blocked in gloo receives, and the
+    process group's destructor running under them calls std::terminate: "terminate called
+    without an active exception", "Fatal Python error: Aborted" on the user's Ctrl-C."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signal.SIGINT)
 
 
 def stopped(stop: SignalException) -> BaseException:
