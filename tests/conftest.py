@@ -41,3 +41,18 @@ requires_fashion_mnist = pytest.mark.skipif(
     not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists(),
     reason="Fashion-MNIST not installed (make data / apt-get install dataset-fashion-mnist)",
 )
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (the run directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found

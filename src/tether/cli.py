@@ -211,7 +211,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         warn_ignored,
     )
     from tether.methods import METHODS
-    from tether.observe.summary import human_summary
+    from tether.observe.summary import run_summary_text
     from tether.runner import launch_training
     from tether.training.probe import probe_task
     from tether.training.run_dir import check_run_dir
@@ -234,10 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     launch_training(config, overwrite=args.overwrite)
-    import json
-
-    summary = json.loads((Path(config.out) / "summary.json").read_text())
-    print(human_summary(summary, Path(config.out)))
+    print(run_summary_text(Path(config.out)))
     return 0
 
 

@@ -9,7 +9,6 @@ tether.observe.timeline DIR`` after their ``DIR/timeline/`` files are copied tog
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,18 +18,12 @@ from tether.config import apply_overrides
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
 from tether.methods import METHODS
-from tether.observe.summary import human_summary
+from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
 
 # What torchrun (and srun running it) sets for every worker; the process group needs them all.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _print_summary(run_dir: Path) -> None:
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        print(human_summary(json.loads(summary.read_text()), run_dir), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether: error: rank {env.rank}: {exc}", file=sys.stderr)
         return 2
     else:
-        if env.rank == 0 and config.out is not None:  # what `tether train` prints at the end
-            _print_summary(Path(config.out))
+        out = Path(config.out) if config.out is not None else None
+        if env.rank == 0 and out is not None and (out / "summary.json").exists():
+            print(run_summary_text(out), flush=True)  # what `tether train` prints at the end
     finally:
         # No launcher process outlives torchrun's workers. After a clean run rank 0 has merged
         # the timeline already (and this does nothing); after a failure it merges what the

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_fashion_mnist
+from tests.conftest import processes_mentioning, requires_fashion_mnist
 
 
 @requires_fashion_mnist
@@ -42,15 +42,4 @@ def test_ctrl_c_is_one_clean_line(tmp_path: Path, method: str) -> None:
     for bad in ("terminate called", "Fatal Python error", "Traceback", "Aborted"):
         assert bad not in stderr, stderr
     time.sleep(1)
-    assert _processes_mentioning(str(run)) == []  # no worker outlives the run
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+    assert processes_mentioning(str(run)) == []  # no worker outlives the run

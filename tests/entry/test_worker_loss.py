@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_fashion_mnist, run_cli
+from tests.conftest import processes_mentioning, requires_fashion_mnist, run_cli
 
 # lr below the method's tuned 0.4 (chosen at batch 64, 4 workers): at batch 32 with 3 workers an
 # unlucky arrival order diverged once in CI (test accuracy 0.1); these tests are about lost
@@ -36,26 +36,11 @@ STEPS = 150
 FAULT = ["--set", "fault_rank=2", "--set", "fault_step=20"]
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (the run directory)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
 def _lost_run(run: Path, kind: str, timeout: str = "20") -> tuple[dict, str, str, float]:
     args = [*ASYNC, "--steps", str(STEPS), "--eval-every", "50", "--timeout", timeout]
     result = run_cli("train", *args, *FAULT, "--set", f"fault_kind={kind}", "--out", str(run))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _processes_mentioning(str(run)) == []  # every worker and supervisor is gone
+    assert processes_mentioning(str(run)) == []  # every worker and supervisor is gone
     summary = json.loads((run / "summary.json").read_text())
     # The server carried on with ranks 1 and 3: it stopped when they finished their steps.
     assert [w["rank"] for w in summary["lost_workers"]] == [2]
@@ -123,7 +108,7 @@ def test_stalled_worker_costs_the_server_only_that_worker(
     assert summary["lost_workers"][0]["exit"].startswith("killed")
     # Ranks 1 and 3 did their whole budget: STEPS each, rank 2 about 20.
     assert summary["steps"] >= (2 * STEPS + 20) // 3 - 1, summary["steps"]
-    assert _processes_mentioning(str(run)) == []
+    assert processes_mentioning(str(run)) == []
     assert result.seconds < 60, result.seconds
 
 
@@ -203,4 +188,4 @@ def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None
     finally:
         proc.kill()
     assert not (tmp_path / "lost").exists()
-    assert _processes_mentioning(str(marker)) == []
+    assert processes_mentioning(str(marker)) == []

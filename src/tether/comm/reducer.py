@@ -18,8 +18,6 @@ mantissa. Each element of the mean is within ``(2P-1) * u * mean_i |x_i|`` of th
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,47 +32,11 @@ from tether.comm.collectives.base import Collective
 from tether.comm.collectives.hierarchical import Hierarchical
 from tether.comm.collectives.native import Native
 from tether.comm.collectives.registry import COLLECTIVES
+from tether.comm.comm_thread import CommThread
 from tether.comm.transport import Transport
 from tether.observe.timeline import get_timeline
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class CommThread:
-    """One daemon thread running submitted jobs in order. A daemon, unlike a
-    ``ThreadPoolExecutor`` worker, never holds the process at exit when a peer died and a job
-    waits for it: the training thread's error (naming the rank) ends the process."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Future] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._loop, name="tether-comm", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> Future:
-        future: Future = Future()
-        self._jobs.put((job, future))
-        return future
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Stop after the jobs already submitted; a thread still alive at interpreter exit is
-        frozen in whatever it was doing, so a clean run ends it here."""
-        self._jobs.put(None)
-        self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            job, future = item
-            try:
-                job()
-            except BaseException as error:  # handed to the waiting thread, which re-raises it
-                future.set_exception(error)
-            else:
-                future.set_result(None)
 
 
 @dataclass

@@ -143,10 +143,11 @@ class ServerEndpoint:
     def _buffers(self) -> dict[MessageKind, torch.Tensor]:
         # A fresh buffer per arrival: the main thread may still be applying the previous one.
         # Zeroed: a peer that sends fewer elements than its header announced leaves zeros, never
-        # the memory's old contents.
+        # the memory's old contents. One vector serves both kinds: one message arrives per call.
+        vector = torch.zeros_like(self.params)
         return {
-            MessageKind.PARAMS: torch.zeros_like(self.params),
-            MessageKind.GRADIENT: torch.zeros_like(self.params),
+            MessageKind.PARAMS: vector,
+            MessageKind.GRADIENT: vector,
             MessageKind.PULL: torch.empty(0, dtype=self.params.dtype),
             MessageKind.STOP: torch.empty(TOTALS_WORDS, dtype=torch.float64),
         }

@@ -16,72 +16,58 @@ sends only after it has received the previous reply, so each line holds at most 
 from __future__ import annotations
 
 import datetime
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 
 import torch
 
+from tether.comm.comm_thread import CommThread
 from tether.comm.header import MessageKind
-from tether.comm.transport import TorchTransport
+from tether.comm.transport import PendingSend, TorchTransport
 
 # Longer than any run: a thread that may rightly wait on a peer must never time out (see above).
 LISTEN_TIMEOUT = datetime.timedelta(days=365)
 
 
-@dataclass
-class _Pending:
-    posted: float  # time.monotonic() when the send was posted
-    done: threading.Event
-
-
 class ReplyLine:
-    """The replies to one worker: posted by the serving thread, waited for by this line's
-    thread."""
+    """The replies to one worker: posted by the serving thread, waited for on this line's own
+    thread (a :class:`~tether.comm.comm_thread.CommThread`)."""
 
     def __init__(self, rank: int, on_failure: Callable[[int, str], None]) -> None:
         self.rank = rank
         self._on_failure = on_failure
-        self._sends: queue.Queue = queue.Queue()
-        self._pending: _Pending | None = None
+        self._thread = CommThread(name=f"tether-reply-{rank}")
+        self._pending: tuple[float, Future] | None = None  # (posted at, its wait)
         self.last_completed: float | None = None
-        self._thread = threading.Thread(target=self._wait_each, daemon=True)
-        self._thread.start()
 
-    def post(self, send: object, posted: float) -> None:
-        pending = _Pending(posted, threading.Event())
-        self._pending = pending
-        self._sends.put((send, pending))
-
-    def overdue_s(self, now: float) -> float:
-        """How long the reply in flight has been waiting to be read (0 when none is)."""
-        pending = self._pending
-        if pending is None or pending.done.is_set():
-            return 0.0
-        return now - pending.posted
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until the reply in flight (if any) was sent; False when it was not in time."""
-        pending = self._pending
-        return pending is None or pending.done.wait(max(0.0, timeout_s))
-
-    def close(self) -> None:
-        self._sends.put(None)
-
-    def _wait_each(self) -> None:
-        while True:
-            item = self._sends.get()
-            if item is None:
-                return
-            send, pending = item
+    def post(self, send: PendingSend, posted: float) -> None:
+        def wait() -> None:
             try:
                 send.wait(LISTEN_TIMEOUT)
             except Exception as exc:  # the peer's connection closed: the worker died
                 self._on_failure(self.rank, str(exc).splitlines()[0][:200] if str(exc) else "")
             self.last_completed = time.monotonic()
-            pending.done.set()
+
+        self._pending = (posted, self._thread.submit(wait))
+
+    def overdue_s(self, now: float) -> float:
+        """How long the reply in flight has been waiting to be read (0 when none is)."""
+        pending = self._pending
+        if pending is None or pending[1].done():
+            return 0.0
+        return now - pending[0]
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until the reply in flight (if any) was sent; False when it was not in time."""
+        pending = self._pending
+        if pending is None:
+            return True
+        return not futures_wait([pending[1]], timeout=max(0.0, timeout_s)).not_done
+
+    def close(self) -> None:
+        self._thread.close(timeout_s=0.0)  # a hung worker's line stays blocked: do not wait
 
 
 class ReplyLines:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,11 @@ def _metrics_line(summary: dict[str, Any]) -> str:
         parts.append(f"test loss {metrics.pop('loss'):.4f}")
     parts += [f"{name} {value:.4g}" for name, value in metrics.items()]
     return "  " + "  ".join(parts)
+
+
+def run_summary_text(run_dir: Path) -> str:
+    """:func:`human_summary` of the run in ``run_dir``, read from its summary.json."""
+    return human_summary(json.loads((run_dir / "summary.json").read_text()), run_dir)
 
 
 def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
