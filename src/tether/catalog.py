@@ -8,7 +8,6 @@ checks every name before any process starts, and warns about settings the chosen
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -25,6 +24,7 @@ from tether.config import TrainConfig
 from tether.data import DATASETS, check_dataset, load_dataset
 from tether.errors import TetherError
 from tether.imports import is_import_path, load_object
+from tether.launch.partition import plan_partition, usable_cores
 from tether.methods import METHOD_SETTINGS, METHODS
 from tether.metrics import METRICS
 from tether.models import MODELS, build_model
@@ -154,8 +154,10 @@ def check_launch(config: TrainConfig) -> None:
             f"fault_rank {config.fault_rank} is not a rank of this run (ranks 0..{processes - 1})"
         )
     resolve_backend(config.backend, processes)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if cores and processes > cores:
+    # every local process is one part of this node (refuses more threads than cores)
+    plan_partition(processes, config.threads_per_worker, config.pin_workers, usable_cores())
+    cores = len(usable_cores())
+    if processes > cores:
         warnings.warn(
             f"{processes} processes on {cores} cores: they take turns on the cores (one thread "
             "each) and each holds its own copy of the data set, so expect a slow run",
@@ -167,6 +169,7 @@ def check_launch(config: TrainConfig) -> None:
 # -- settings a method ignores ---------------------------------------------------------------------
 _MOMENTUM_HINT = {
     "sync-easgd": "its workers take plain SGD steps, as in the paper",
+    "two-level-easgd": "its workers take plain SGD steps, as sync-easgd's",
     "original-easgd": "its workers take plain SGD steps, as in the paper",
     "async-easgd": "its workers take plain SGD steps, as in the paper",
     "hogwild-easgd": "its workers take plain SGD steps, as in the paper",

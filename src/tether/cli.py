@@ -64,6 +64,12 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         int,
         "ranks per node for 'hierarchical' (0: launcher's)",
     ),
+    (
+        "--threads-per-worker",
+        "threads_per_worker",
+        int,
+        "intra-op threads per worker process (0: the node's cores divided among its workers)",
+    ),
     ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
     ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
     (
@@ -106,6 +112,13 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=argparse.SUPPRESS,
         help="stop as soon as --target-accuracy is reached",
+    )
+    parser.add_argument(
+        "--no-pin-workers",
+        dest="pin_workers",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="do not give each worker process its own group of cores",
     )
     parser.add_argument(
         "--timeline",

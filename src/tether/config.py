@@ -122,6 +122,11 @@ class TrainConfig:
     # DataLoader worker processes per training worker for datasets that are not in-memory
     # tensors (0: load in the training process).
     loader_workers: int = 0
+    # Intra-op threads of each worker process (0: the node's usable cores divided by its
+    # processes, at least 1), and whether each process is pinned to its own group of that many
+    # cores when they fit (SC17's chip partitioning: tether.launch.partition).
+    threads_per_worker: int = 0
+    pin_workers: bool = True
     checkpoint_every: int = 0
     # Elastic averaging (EASGD family): alpha directly, or rho with alpha = lr * rho; neither
     # gives the EASGD paper's beta = workers * alpha = 0.9.
@@ -182,6 +187,10 @@ class TrainConfig:
         _require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         _require(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         _require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
+        _require(
+            self.threads_per_worker >= 0,
+            f"threads_per_worker must be >= 0 (0: divide the cores), got {self.threads_per_worker}",
+        )
         _require(self.bucket_mb >= 0, f"bucket_mb must be >= 0, got {self.bucket_mb}")
         _require(
             self.checkpoint_every >= 0,

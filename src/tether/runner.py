@@ -22,6 +22,7 @@ from tether.config import TrainConfig, apply_overrides
 from tether.launch.env import DistEnv, cache_dir
 from tether.launch.exits import worker_exit_status
 from tether.launch.local import launch_local
+from tether.launch.partition import Partition
 from tether.launch.teardown import shut_down_process_group
 from tether.launch.worker import init_worker
 from tether.methods import METHODS, Placement
@@ -31,10 +32,13 @@ from tether.training.task_file import read_task
 from tether.training.trainer import Trainer, WorkerRuntime
 
 
-def placement_of(env: DistEnv) -> Placement:
+def placement_of(env: DistEnv, partition: Partition | None = None) -> Placement:
     """The launcher's facts a method needs, as values."""
     return Placement(
-        local_world_size=env.local_world_size, run_id=env.run_id, cache_dir=cache_dir()
+        local_world_size=env.local_world_size,
+        run_id=env.run_id,
+        cache_dir=cache_dir(),
+        partition=partition.summary() if partition is not None else None,
     )
 
 
@@ -43,9 +47,13 @@ def run_worker(config_toml: str, task_file: str | None = None) -> None:
     """Entry point of a training worker: ``config_toml`` is the fully resolved config;
     ``task_file`` the task ``tether.fit`` wrote (None: build it from the config's names)."""
     config = apply_overrides(TrainConfig(), tomllib.loads(config_toml))
-    setup = init_worker(config.backend, config.timeout_s)
+    setup = init_worker(
+        config.backend, config.timeout_s, config.threads_per_worker, config.pin_workers
+    )
     task: Task = read_task(Path(task_file)) if task_file else task_from_config(config)
-    runtime = WorkerRuntime(TorchTransport(), setup.device, placement_of(setup.env))
+    runtime = WorkerRuntime(
+        TorchTransport(), setup.device, placement_of(setup.env, setup.partition)
+    )
     Trainer(config, task, runtime).run()
     # After a clean run only. After an error the group is left as it is: closing this rank's
     # connections before ``record`` has written the error would let a peer fail first on the

@@ -130,21 +130,30 @@ def test_torchrun_runs_the_same_worker_entry(tmp_path: Path) -> None:
     assert summary["workers"] == 2
 
 
-@pytest.mark.parametrize("method", ["sync-easgd", "local-sgd"])
-def test_replicas_resume_bitwise_from_their_shards(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize(
+    "method, layout",
+    [
+        ("sync-easgd", ["--workers", "2"]),
+        ("local-sgd", ["--workers", "2"]),
+        ("two-level-easgd", ["--workers", "4", "--ranks-per-node", "2"]),
+    ],
+)
+def test_replicas_resume_bitwise_from_their_shards(
+    tmp_path: Path, method: str, layout: list[str]
+) -> None:
     # Every rank checkpoints its own replica and optimizer: a crash and resume with the same
     # workers gives the weights of the uninterrupted run. (Before: every worker restarted from
     # the center, or from rank 0's replica, and the runs differed by up to 0.1.)
-    args = ["--method", method, "--workers", "2", "--batch-size", "32", "--no-progress"]
+    args = ["--method", method, *layout, "--batch-size", "32", "--no-progress"]
     args += ["--timeout", "20", "--steps", "30", "--eval-every", "10", "--checkpoint-every", "10"]
     args += ["--tau", "3"]  # the checkpoint at step 20 falls between two averagings
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     assert run_cli("train", *args, "--out", str(straight)).returncode == 0
     fault = ["--set", "fault_rank=1", "--set", "fault_step=25"]
     assert run_cli("train", *args, *fault, "--out", str(crashed)).returncode == 1
+    workers = int(layout[1])
     assert sorted(p.name for p in (crashed / "checkpoint-ranks").iterdir()) == [
-        "rank-0.pt",
-        "rank-1.pt",
+        f"rank-{r}.pt" for r in range(workers)
     ]
     result = run_cli("train", "--resume", str(crashed), "--set", "fault_rank=-1")
     assert result.returncode == 0, result.stderr

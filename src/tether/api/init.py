@@ -12,20 +12,23 @@ them through MPI (mpi4py, the ``tether[mpi]`` extra).
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 from typing import Any
-
-import torch
 
 from tether.api.context import Context
 from tether.catalog import check_names, method_defaults, warn_ignored
 from tether.comm.transport import TorchTransport
 from tether.config import resolve_config
 from tether.errors import TetherError
-from tether.launch.env import DistEnv, cache_dir, launcher_method, pin_loopback_if_local
-from tether.launch.worker import init_process_group, place, rendezvous_store
-from tether.methods import METHODS, Placement
+from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
+from tether.launch.worker import (
+    init_process_group,
+    partition_node,
+    place,
+    rendezvous_store,
+)
+from tether.methods import METHODS
+from tether.runner import placement_of
 
 COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
 _generation = 0  # process groups this process has started: each meets under its own key prefix
@@ -69,16 +72,14 @@ def init(method: str | None = None, **options: Any) -> Context:
     check_names(config, supplied=COMPONENT_KEYS)
     if env.rank == 0:
         warn_ignored(config, set(options), stacklevel=2)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+    partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
     backend, device = place(config.backend, env)
     global _generation
     store = rendezvous_store(env, config.timeout_s, _generation)
     _generation += 1
     init_process_group(backend, env, config.timeout_s, store)
-    placement = Placement(
-        local_world_size=env.local_world_size, run_id=env.run_id, cache_dir=cache_dir()
-    )
+    placement = placement_of(env, partition)
     return Context(config, TorchTransport(), device, env, placement)
 
 

@@ -104,6 +104,19 @@ class TorchTransport(MessageProtocol):
     def _group(self) -> dist.ProcessGroup:
         return self.group if self.group is not None else dist.group.WORLD  # type: ignore[return-value]
 
+    def split(self, groups: list[list[int]], timeout_s: float) -> TorchTransport:
+        """A transport over the one of ``groups`` (disjoint lists of ranks of this group,
+        covering it) that holds this rank. Collective: every rank calls it with the same
+        ``groups``, because every rank takes part in creating every group."""
+        mine = None
+        for ranks in groups:
+            global_ranks = [dist.get_global_rank(self._group(), r) for r in ranks]
+            group = dist.new_group(global_ranks, timeout=datetime.timedelta(seconds=timeout_s))
+            if self.rank in ranks:
+                mine = group
+        assert mine is not None, f"rank {self.rank} is in none of {groups}"
+        return TorchTransport(mine)
+
     # -- collectives ---------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
         """In-place all-reduce; with ``async_op`` returns a handle to ``wait()`` on."""

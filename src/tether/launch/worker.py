@@ -1,4 +1,4 @@
-"""Worker process setup: one thread, the backend, the device, the process group.
+"""Worker process setup: its threads and cores, the backend, the device, the process group.
 
 The same setup runs under our local elastic launch, under ``torchrun`` and under SLURM ``srun`` +
 torchrun: it only needs the standard environment that those launchers provide. What the worker
@@ -16,6 +16,7 @@ import torch.distributed as dist
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
 from tether.launch.loopback import store_server
+from tether.launch.partition import Partition, apply_partition, plan_partition, usable_cores
 from tether.launch.teardown import before_init_process_group
 
 
@@ -24,6 +25,7 @@ class WorkerPlacement:
     env: DistEnv
     backend: str
     device: torch.device
+    partition: Partition | None = None
 
 
 def resolve_backend(requested: str, local_world_size: int = 1) -> str:
@@ -69,14 +71,23 @@ def init_process_group(
     )
 
 
-def init_worker(backend: str, timeout_s: float, threads: int = 1) -> WorkerPlacement:
-    """``threads`` intra-op threads, the process group (env:// rendezvous from the launcher),
-    the device."""
-    torch.set_num_threads(threads)
+def init_worker(
+    backend: str, timeout_s: float, threads_per_worker: int = 0, pin: bool = True
+) -> WorkerPlacement:
+    """This process's share of the node (threads and cores, :mod:`tether.launch.partition`),
+    then the process group (env:// rendezvous from the launcher) and the device."""
     env = DistEnv.read()
+    partition = partition_node(env, threads_per_worker, pin)
     resolved, device = place(backend, env)
     init_process_group(resolved, env, timeout_s)
-    return WorkerPlacement(env, resolved, device)
+    return WorkerPlacement(env, resolved, device, partition)
+
+
+def partition_node(env: DistEnv, threads_per_worker: int, pin: bool) -> Partition:
+    """Plan this node's partition among its ranks and take this rank's part of it."""
+    partition = plan_partition(env.local_world_size, threads_per_worker, pin, usable_cores())
+    apply_partition(partition, env.local_rank)
+    return partition
 
 
 _BASE_STORES: dict[tuple[str, int], dist.Store] = {}

@@ -81,6 +81,9 @@ class Placement:
     local_world_size: int | None = None  # ranks on this node; None: every rank is on this node
     run_id: str | None = None  # the launch's id (names the Hogwild shared-memory files)
     cache_dir: Path | None = None  # where measurements are cached (collective calibration)
+    # How the node's cores are split among its ranks (summary.json's ``partition``:
+    # tether.launch.partition.Partition.summary); None where nobody planned it.
+    partition: dict[str, Any] | None = None
 
     def ranks_on_node(self, world_size: int) -> int:
         return self.local_world_size if self.local_world_size is not None else world_size

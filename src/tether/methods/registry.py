@@ -17,6 +17,7 @@ from tether.methods.local_sgd import LocalSGD
 from tether.methods.original_easgd import OriginalEASGD
 from tether.methods.sync_easgd import SyncEASGD
 from tether.methods.sync_sgd import SyncSGD
+from tether.methods.two_level_easgd import TwoLevelEASGD
 from tether.registry import Registry
 
 METHODS: Registry[type[TrainingMethod]] = Registry("method")
@@ -24,6 +25,7 @@ for _method, _help in (
     (SyncSGD, "synchronous SGD: bucketed all-reduce of gradients, overlapped"),
     (SyncEASGD, "synchronous EASGD: one all-reduce per round, overlapped"),
     (LocalSGD, "local SGD, replicas averaged every tau steps"),
+    (TwoLevelEASGD, "sync SGD inside each node, sync EASGD across nodes (SC17's KNL design)"),
     (OriginalEASGD, "EASGD, center served round-robin by rank (baseline)"),
     (AsyncEASGD, "EASGD, first-come-first-served server, serialized updates"),
     (AsyncMEASGD, "async EASGD with Nesterov momentum on the workers"),

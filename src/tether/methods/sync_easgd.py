@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.comm.reducer import PendingReduce
+from tether.comm.reducer import AllReducer, PendingReduce
 from tether.methods.base import Backward, StepTimes, TrainingMethod
 from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
@@ -46,11 +46,19 @@ class SyncEASGD(TrainingMethod):
         # The center is a model of its own (evaluated and saved); its parameters view ``center``.
         self.center_model = copy.deepcopy(self.model)
         self.center = flatten_parameters(self.center_model)
-        self.alpha = elastic_rate(self.config, self.transport.world_size)
+        self.alpha = elastic_rate(self.config, self.elastic_workers())
         self.rounds = 0
-        self.reducer = run_reducer(self.context)
+        self.reducer = self.round_reducer()
         self._pending: list[PendingReduce] | None = None  # the in-flight all-reduce(s) of sum d_i
         self._sum = torch.zeros_like(self.flat)
+
+    def elastic_workers(self) -> int:
+        """The replicas that average elastically (each rank's)."""
+        return self.transport.world_size
+
+    def round_reducer(self) -> AllReducer:
+        """What sums the rounds' differences (over every rank)."""
+        return run_reducer(self.context)
 
     def start(self, step: int = 0) -> None:
         super().start(step)
@@ -92,12 +100,16 @@ class SyncEASGD(TrainingMethod):
         if self._pending is None:
             return 0.0, 0.0
         start = self.clock()
-        for handle in self._pending:
-            handle.wait()
+        self._finish_sum(self._pending)
         self._pending = None
         end = self.clock()
         self.center.add_(self._sum, alpha=self.alpha)
         return start, end
+
+    def _finish_sum(self, pending: list[PendingReduce]) -> None:
+        """Wait until ``self._sum`` holds the round's sum on this rank."""
+        for handle in pending:
+            handle.wait()
 
     def finish(self, totals: PhaseTotals | None) -> None:
         del totals

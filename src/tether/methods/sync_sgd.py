@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from tether.comm.fusion import GradientBucketer
-from tether.methods.base import Backward, StepTimes, TrainingMethod
+from tether.methods.base import Backward, StepTimes
+from tether.methods.bucketed import BucketedGradients
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
     average_buffers,
@@ -29,7 +30,7 @@ from tether.methods.replicated import (
 from tether.observe.metrics import PhaseTotals
 
 
-class SyncSGD(TrainingMethod):
+class SyncSGD(BucketedGradients):
     """Synchronous SGD with tensor fusion and communication overlapped with backward.
 
     Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
@@ -41,6 +42,7 @@ class SyncSGD(TrainingMethod):
     defaults = {"lr": 0.1}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"bucket_mb", "momentum"}
+    bucketer: GradientBucketer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
         super().__init__(*args, **kwargs)
@@ -54,45 +56,15 @@ class SyncSGD(TrainingMethod):
         super().start(step)
         broadcast_parameters(self.model, self.transport)
 
-    def zero_grad(self) -> None:
-        # One memset of the flat gradient buffer, the parameters' .grad staying views into it:
-        # cheaper than freeing and reallocating every gradient, and no copy into the buckets.
-        self.bucketer.zero_grad()
-
-    def set_gradient_sync(self, enabled: bool) -> None:
-        self.bucketer.enabled = enabled
-
     def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
-        loss = self.local_update(backward, times, wait=self.bucketer.finish)
+        loss = self.local_update(backward, times, wait=self.wait_for_gradients)
         self.rounds += 1
         return loss
-
-    def scale_gradients(self) -> None:
-        if self.grad_scale != 1.0:
-            self.bucketer.flat.mul_(self.grad_scale)  # every gradient is a view of it
-
-    def gradients_to_unscale(self) -> list[torch.Tensor]:
-        # After the all-reduce every rank holds the same sum, so an inf or NaN on any rank is in
-        # every rank's buffer: the overflow decision is the same everywhere without a flag.
-        return [self.bucketer.flat]
-
-    def clip_gradients(self) -> None:
-        """The global norm over the fused buffer at once (every gradient is a view of it), with
-        ``clip_grad_norm_``'s formula; after the all-reduce, so every rank clips alike."""
-        max_norm = self.config.clip_grad_norm
-        if max_norm is None:
-            return
-        flat = self.bucketer.flat
-        coefficient = max_norm / (torch.linalg.vector_norm(flat) + 1e-6)
-        flat.mul_(torch.clamp(coefficient, max=1.0))
 
     def finish(self, totals: PhaseTotals | None) -> None:
         del totals
         self.reducer.close()
-        # The gradient hooks hold the bucketer, and through it the transport and the group's
-        # backend, in a cycle through autograd that the garbage collector cannot break; left in
-        # place they keep the backend alive into the interpreter's exit (tether.launch.teardown).
-        self.bucketer.remove()
+        self.remove_bucketer()
 
     def summary_extra(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "buckets": len(self.bucketer.layout.buckets)}

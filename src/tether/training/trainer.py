@@ -526,6 +526,8 @@ class Trainer:
             # Samples processed in this process's lifetime over the wall time they took.
             "samples_per_s": totals.samples / max(wall - self.elapsed_before, 1e-9),
             "evaluation_s": self.eval_s,
+            # rank 0's node: workers, threads and cores of each (tether.launch.partition)
+            "partition": self.method.context.placement.partition,
             **extra,
             "history": self.history,
         }

@@ -1,0 +1,115 @@
+"""Chip partitioning: threads and cores per worker take effect inside the workers, as read back
+there; summary.json records the partition; more threads than cores are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import tether
+from tests.conftest import run_cli
+from tether.errors import TetherError
+from tether.launch.partition import plan_partition, usable_cores
+
+PROBE_DIR = "TETHER_TEST_PROBE_DIR"
+CORES = usable_cores()
+
+
+class Probe(nn.Module):
+    """Built inside each worker: records what that process got (its intra-op threads and the
+    cores it may run on) before training a linear model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        rank = os.environ.get("RANK")
+        if rank is not None and PROBE_DIR in os.environ:
+            seen = {"threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))}
+            (Path(os.environ[PROBE_DIR]) / f"rank-{rank}.json").write_text(json.dumps(seen))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _data() -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=gen)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def _seen_by_workers(tmp_path: Path, name: str, **options) -> tuple[list[dict], dict]:
+    probe = tmp_path / f"probe-{name}"
+    probe.mkdir()
+    os.environ[PROBE_DIR] = str(probe)
+    try:
+        result = tether.fit(
+            model=Probe, train_data=_data(), batch_size=8, steps=2, out=tmp_path / name, **options
+        )
+    finally:
+        del os.environ[PROBE_DIR]
+    ranks = sorted(probe.glob("rank-*.json"))
+    return [json.loads(p.read_text()) for p in ranks], result.summary["partition"]
+
+
+def test_plan_divides_the_cores_and_pins_only_parts_that_fit() -> None:
+    eight = list(range(8))
+    plan = plan_partition(4, 0, True, eight)
+    assert plan.threads_per_worker == 2
+    assert plan.core_groups == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert plan_partition(3, 0, True, eight).core_groups == ((0, 1), (2, 3), (4, 5))
+    assert plan_partition(2, 3, True, eight).core_groups == ((0, 1, 2), (3, 4, 5))
+    assert plan_partition(4, 0, False, eight).core_groups is None
+    # more processes than cores: one thread each, sharing every core (no pinning)
+    crowded = plan_partition(12, 0, True, eight)
+    assert (crowded.threads_per_worker, crowded.core_groups) == (1, None)
+    with pytest.raises(TetherError, match="4 workers x 3 threads need 12 cores") as refused:
+        plan_partition(4, 3, True, eight)
+    assert "--threads-per-worker 2" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_threads_and_cores_take_effect_inside_the_workers(tmp_path: Path) -> None:
+    each = max(1, len(CORES) // 2)
+    seen, partition = _seen_by_workers(tmp_path, "two", method="sync-sgd", workers=2)
+    assert [s["threads"] for s in seen] == [each, each]
+    if len(CORES) >= 2:  # each worker on its own cores, none shared
+        groups = [CORES[:each], CORES[each : 2 * each]]
+        assert sorted(s["cores"] for s in seen) == groups
+        assert partition == {
+            "workers_per_node": 2,
+            "threads_per_worker": each,
+            "core_groups": groups,
+        }
+
+    seen, partition = _seen_by_workers(tmp_path, "one", method="sync-sgd", workers=1)
+    assert seen == [{"threads": len(CORES), "cores": CORES}]
+    assert partition["threads_per_worker"] == len(CORES)
+
+    seen, partition = _seen_by_workers(
+        tmp_path, "unpinned", method="local-sgd", workers=2, threads_per_worker=1, pin_workers=False
+    )
+    assert seen == [{"threads": 1, "cores": CORES}] * 2
+    assert partition["core_groups"] is None
+
+    # a parameter server is one more part of the node
+    seen, partition = _seen_by_workers(tmp_path, "server", method="async-sgd", workers=1)
+    assert len(seen) == 2 and partition["workers_per_node"] == 2
+
+
+def test_more_threads_than_cores_is_refused_in_one_line(tmp_path: Path) -> None:
+    too_many = len(CORES) + 1
+    out = tmp_path / "run"
+    result = run_cli(
+        "train", "--workers", "1", "--threads-per-worker", str(too_many), "--out", str(out)
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"1 workers x {too_many} threads need {too_many} cores" in lines[0]
+    assert not out.exists()
