@@ -15,7 +15,7 @@ flat sync-easgd, each with its defaults, LeNet-5 to 85% (stopping there). Report
 (start-up excluded), steps, and the bytes that crossed the links per step (the switch ports'
 receive counters over the whole run, start-up and evaluation included, divided by the steps).
 
-    .venv/bin/python benchmarks/bench_partition.py --part partitions   # ~15 min on 2 cores
+    .venv/bin/python benchmarks/bench_partition.py --part partitions   # ~25 min on 2 cores
     .venv/bin/python benchmarks/bench_partition.py --part nodes        # ~6 min, root
 """
 
@@ -98,12 +98,15 @@ def spread(values: list[float], unit: str = " s") -> str:
 
 def part_partitions(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
     cores = len(usable_cores())
-    names = args.partitions.split(",")
-    shapes = {n: parse_partition(n, cores) for n in names}
-    models = {"lenet5": args.lenet_epochs, "cnn": args.cnn_epochs}
+    # model -> (epochs, evaluation period, partitions): the CNN takes ~0.4 s a step here
+    models = {
+        "lenet5": (args.lenet_epochs, 60, args.partitions.split(",")),
+        "cnn": (args.cnn_epochs, 117, args.cnn_partitions.split(",")),
+    }
+    shapes = {n: parse_partition(n, cores) for *_, names in models.values() for n in names}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(args.repeats):
-        for model, epochs in models.items():
+        for model, (epochs, eval_every, names) in models.items():
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 workers, threads, pin = shapes[name]
@@ -112,7 +115,7 @@ def part_partitions(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
                     "--threads-per-worker", str(threads), "--batch-size",
                     str(GLOBAL_BATCH // workers), "--lr", str(args.lr), "--epochs", str(epochs),
                     "--target-accuracy", str(TARGET), "--seed", "0",
-                    "--eval-every", str(args.eval_every),
+                    "--eval-every", str(eval_every),
                 ] + ([] if pin else ["--no-pin-workers"])  # fmt: skip
                 record = run_train(options, scratch / f"{model}-{name}-{r}")
                 runs.setdefault((model, name), []).append(record)
@@ -125,7 +128,7 @@ def part_partitions(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
         "accuracy | peak RSS of one process |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model in models:
+    for model, (*_, names) in models.items():
         ok = {n: [x for x in runs[(model, n)] if "error" not in x] for n in names}
         base = statistics.median([x["epoch_s"] for x in ok[names[0]]] or [float("nan")])
         for name in names:
@@ -143,11 +146,11 @@ def part_partitions(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
                 f"{spread(tta)}{reached} | {acc:.2%} | {peak:.0f} MiB |"
             )
     lines += ["", "Partitions as each run recorded them (summary.json `partition`):", ""]
-    for name in names:
-        lines.append(f"- {name}: {runs[(next(iter(models)), name)][0].get('partition')}")
+    for name in models["lenet5"][2]:
+        lines.append(f"- {name}: {runs[('lenet5', name)][0].get('partition')}")
     figure = Figure(figsize=(8, 4))
     FigureCanvasAgg(figure)
-    for i, model in enumerate(models):
+    for i, (model, (*_, names)) in enumerate(models.items()):
         ax = figure.add_subplot(1, 2, i + 1)
         medians = [
             statistics.median([x["epoch_s"] for x in runs[(model, n)] if "error" not in x] or [0])
@@ -180,13 +183,15 @@ def part_nodes(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figu
     reason = available()
     if reason is not None:
         raise SystemExit(f"part nodes needs network namespaces: {reason}")
-    methods = args.methods.split(",")
+    methods = args.methods.split(";")
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.repeats):
         for method in methods[r % len(methods) :] + methods[: r % len(methods)]:
-            out = scratch / f"{method}-{r}"
+            out = scratch / f"{method}-{r}".replace(":", "-").replace("=", "")
+            name, _, settings = method.partition(":")  # e.g. two-level-easgd:tau=4
+            extra = [a for kv in filter(None, settings.split(",")) for a in ("--set", kv)]
             argv = [
-                "-m", "tether.run", "--method", method, "--epochs", str(args.node_epochs),
+                "-m", "tether.run", "--method", name, *extra, "--epochs", str(args.node_epochs),
                 "--target-accuracy", str(TARGET), "--stop-at-target", "--out", str(out),
                 "--timeout", "60",
             ]  # fmt: skip
@@ -256,12 +261,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("partitions", "nodes"), required=True)
     parser.add_argument("--partitions", default="1x2,2x1,2x1-unpinned")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--lenet-epochs", type=int, default=3)
     parser.add_argument("--cnn-epochs", type=int, default=1)
-    parser.add_argument("--eval-every", type=int, default=60)
+    parser.add_argument("--cnn-partitions", default="1x2,2x1")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", default="two-level-easgd,sync-sgd,sync-easgd")
+    parser.add_argument(
+        "--methods",
+        default="two-level-easgd;two-level-easgd:tau=1;sync-sgd;sync-easgd",
+        help="methods separated by ';', each optionally with settings: NAME:key=value,...",
+    )
     parser.add_argument("--link-mbit", type=float, default=1000.0)
     parser.add_argument("--node-epochs", type=int, default=4)
     args = parser.parse_args()

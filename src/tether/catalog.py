@@ -169,7 +169,6 @@ def check_launch(config: TrainConfig) -> None:
 # -- settings a method ignores ---------------------------------------------------------------------
 _MOMENTUM_HINT = {
     "sync-easgd": "its workers take plain SGD steps, as in the paper",
-    "two-level-easgd": "its workers take plain SGD steps, as sync-easgd's",
     "original-easgd": "its workers take plain SGD steps, as in the paper",
     "async-easgd": "its workers take plain SGD steps, as in the paper",
     "hogwild-easgd": "its workers take plain SGD steps, as in the paper",

@@ -172,7 +172,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-FLAG_KEYS = ("stop_at_target", "progress", "timeline", "tensorboard", "metrics")
+FLAG_KEYS = ("stop_at_target", "progress", "timeline", "tensorboard", "metrics", "pin_workers")
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:

@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from tests.conftest import run_cli
+from tether.cli import build_parser, config_from_args
 from tether.errors import TetherError
 from tether.launch.partition import plan_partition, usable_cores
 
@@ -113,3 +114,14 @@ def test_more_threads_than_cores_is_refused_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, result.stderr
     assert f"1 workers x {too_many} threads need {too_many} cores" in lines[0]
     assert not out.exists()
+
+
+def test_command_line_options_reach_the_config() -> None:
+    # Every store_true/store_false flag must be listed among the keys the command line sets
+    # (--no-pin-workers was parsed and then dropped before).
+    args = build_parser().parse_args(
+        ["train", "--no-pin-workers", "--threads-per-worker", "1", "--steps", "1"]
+    )
+    config = config_from_args(args, lambda c: "unused")
+    assert (config.pin_workers, config.threads_per_worker) == (False, 1)
+    assert build_parser().parse_args(["train"]).__dict__.get("pin_workers", True) is True

@@ -157,6 +157,39 @@ def test_training_across_nodes(cluster: EmulatedCluster, tmp_path: Path) -> None
 
 
 @needs_netns
+@pytest.mark.slow
+def test_two_level_easgd_across_nodes_is_the_emulated_one(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    # The nodes come from the launcher (LOCAL_WORLD_SIZE = 2 on each of 2 nodes); the same run on
+    # one machine with --ranks-per-node 2 must give the very same weights: the method is
+    # deterministic and the layout, not the network, decides what it computes.
+    steps, workers = 12, cluster.nodes * NPROC
+    args = ["--method", "two-level-easgd", "--dataset", "digits", "--model", "mlp", "--tau", "2"]
+    args += ["--steps", str(steps), "--workers", str(workers), "--timeout", "30"]
+    across, local = tmp_path / "across", tmp_path / "local"
+    before = [_tx_bytes(cluster, i) for i in range(cluster.nodes)]
+    _ok(torchrun_across(cluster, NPROC, ["-m", "tether.run", *args, "--out", str(across)], 120))
+    sent = [_tx_bytes(cluster, i) - before[i] for i in range(cluster.nodes)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tether", "train", *args, "--ranks-per-node", "2"]
+    done = subprocess.run(
+        [*command, "--out", str(local), "--no-progress"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((across / "summary.json").read_text())
+    assert (summary["nodes"], summary["ranks_per_node"], summary["rounds"]) == (2, 2, steps // 2)
+    a = torch.load(across / "model.pt", weights_only=True)
+    b = torch.load(local / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # Only the elastic rounds cross the network: each rank's chunk of the model, twice per
+    # round (a sum between 2 nodes), far less than sync-sgd's gradients every step.
+    model_bytes = sum(t.numel() * t.element_size() for t in a.values())
+    assert min(sent) >= (steps // 2) * model_bytes / 2, (sent, model_bytes)
+    assert max(sent) < steps * model_bytes, (sent, model_bytes)
+
+
+@needs_netns
 def test_torchrun_across_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-ins for torchrun, so no torch start-up is paid: node 1 fails at once, node 0 would
     # wait forever (as an agent waits for a rendezvous whose peer died).
