@@ -1,9 +1,10 @@
 """Every method on the user's own model, data, loss, optimizer and schedule (the one step seam),
 through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned group of 3 ranks.
 
-- Each of the ten methods trains a user-defined module on scikit-learn's breast-cancer data with a
+- Each of the methods trains a user-defined module on scikit-learn's breast-cancer data with a
   label-smoothed loss and AdamW: the test loss falls below the untrained model's and the
-  accuracy beats the majority class (63%) by a stated margin.
+  accuracy beats the majority class (63%) by a stated margin; metrics.jsonl holds every step's
+  training loss (each worker's, for the methods with a server).
 - sync-sgd in a user's loop (``ctx.wrap``, ``ctx.sampler``, a DataLoader) equals one process on
   the global batch (1e-5 relative) and PyTorch DDP; sync-easgd is bitwise deterministic there
   and through the trainer.
@@ -276,6 +277,31 @@ def _untrained_loss() -> float:
         )
 
 
+def _mean_loss(reports: list[dict[str, Any]]) -> float:
+    return sum(r["loss"] * r["loss_steps"] for r in reports) / sum(r["loss_steps"] for r in reports)
+
+
+def _check_step_losses(path: Path, method: str) -> None:
+    """metrics.jsonl holds the training loss of every step: rank 0's per step (replicated
+    methods), or each worker's, reported to the server with its messages (or on the shared
+    loss board) and covering every step it took, falling as it trains."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    losses = [r for r in records if "loss" in r and "event" not in r]
+    if not METHODS.get(method).server_processes:
+        assert [r["step"] for r in losses] == list(range(1, STEPS + 1)), method
+        return
+    for rank in range(1, WORLD):
+        mine = [r for r in losses if r.get("worker") == rank]
+        covered = sum(r["loss_steps"] for r in mine)
+        # up to tau steps after its last message (the goodbye carries no loss), or a board
+        # read between a loss and its step count (Hogwild)
+        assert STEPS - 2 <= covered <= STEPS, (method, rank, covered)
+        assert abs(covered - mine[-1]["worker_step"]) <= 2, (method, rank, mine[-1])
+        assert all(0 < r["loss"] < 10 for r in mine), (method, rank)
+        first, last = mine[: len(mine) // 4], mine[-len(mine) // 4 :]
+        assert _mean_loss(last) < _mean_loss(first), (method, rank, first, last)
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
@@ -291,6 +317,7 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
         assert final["accuracy"] >= CHANCE + MARGIN, (method, final)
         assert final["loss"] < start, (method, final["loss"], start)
         assert summary["optimizer"] == "AdamW" and summary["model"] == "Net", method
+        _check_step_losses(tmp_path / method / "metrics.jsonl", method)
     for method in ("original-easgd", "async-easgd", "async-measgd"):
         for rank in range(1, WORLD):  # the schedule stands at the global step the server sent
             position, global_step, own = results[rank][method]["schedule"]

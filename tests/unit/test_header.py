@@ -10,7 +10,7 @@ from tether.comm.header import MAGIC, MessageHeader, MessageKind, ProtocolError
 
 def _words(**change: int) -> torch.Tensor:
     words = MessageHeader(MessageKind.PARAMS, 2, 7, 100, torch.float32).encode()
-    names = ["magic", "kind", "sender", "step", "length", "dtype"]
+    names = ["magic", "kind", "sender", "step", "length", "dtype", "loss", "loss_steps"]
     for name, value in change.items():
         words[names.index(name)] = value
     return words
@@ -20,6 +20,15 @@ def test_round_trip() -> None:
     header = MessageHeader.decode(_words(), 2, 100, torch.float32)
     assert header == MessageHeader(MessageKind.PARAMS, 2, 7, 100, torch.float32)
     assert int(_words()[0]) == MAGIC
+
+
+@pytest.mark.parametrize("loss", [0.6931, 0.0, float("inf")])
+def test_a_workers_loss_rides_on_the_header(loss: float) -> None:
+    sent = MessageHeader(MessageKind.GRADIENT, 1, 8, 100, torch.float32, loss, 4)
+    got = MessageHeader.decode(sent.encode(), 1, 100, torch.float32)
+    assert (got.loss, got.loss_steps) == (loss, 4)  # float64 bits: exact
+    nan = MessageHeader(MessageKind.GRADIENT, 1, 8, 100, torch.float32, float("nan"), 2)
+    assert MessageHeader.decode(nan.encode(), 1, 100, torch.float32).loss != 0.0  # NaN kept
 
 
 @pytest.mark.parametrize(
@@ -35,6 +44,8 @@ def test_round_trip() -> None:
         ({"length": -1}, 2, None, "announces -1 elements"),
         ({"step": -1}, 2, None, "has step -1, outside"),
         ({"step": 1 << 41}, 2, None, "has step 2199023255552, outside"),
+        ({"loss_steps": -1}, 2, None, "a loss over -1 steps"),
+        ({"loss": 12345}, 2, None, "a loss over 0 steps"),  # a loss that covers no step
     ],
 )
 def test_bad_headers_are_refused(change, sender, kinds, message) -> None:

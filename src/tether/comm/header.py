@@ -2,8 +2,8 @@
 
 Every point-to-point message (parameter-server pushes and pulls, EASGD exchanges, handshakes) is a
 header followed by a payload of raw tensor bytes. No pickle crosses the wire. The header
-is six int64 words: ``magic, kind, sender, step, length, dtype``. A receiver checks every field
-before it receives the payload, so a confused or hostile peer produces a clear error rather than a
+is eight int64 words: ``magic, kind, sender, step, length, dtype, loss, loss_steps``. A receiver
+checks every field before it receives the payload, so a confused or hostile peer produces a clear error rather than a
 receive into a buffer of the wrong size (which aborts a gloo process).
 """
 
@@ -17,7 +17,7 @@ import torch
 from tether.errors import TetherError
 
 MAGIC = 0x54455448  # "TETH"
-HEADER_WORDS = 6
+HEADER_WORDS = 8
 
 # Wire codes for payload dtypes. The codes are part of the protocol: never renumber.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -59,10 +59,16 @@ class MessageHeader:
     step: int
     length: int  # number of payload elements
     dtype: torch.dtype
+    # A worker's training loss, the mean over its last ``loss_steps`` local steps (0: none),
+    # riding on the message it sends anyway, so that the server can log every worker's loss.
+    loss: float = 0.0
+    loss_steps: int = 0
 
     def encode(self) -> torch.Tensor:
+        loss_bits = int(torch.tensor([self.loss], dtype=torch.float64).view(torch.int64))
         words = [MAGIC, int(self.kind), self.sender, self.step, self.length]
-        return torch.tensor([*words, DTYPE_CODES[self.dtype]], dtype=torch.int64)
+        words += [DTYPE_CODES[self.dtype], loss_bits, self.loss_steps]
+        return torch.tensor(words, dtype=torch.int64)
 
     @staticmethod
     def peek_kind(
@@ -91,7 +97,9 @@ class MessageHeader:
         ``max_length`` is the receive buffer's capacity in elements and ``dtype`` its element type:
         a header that announces more, or another type, is refused before any payload is read.
         """
-        magic, kind, sender, step, length, code = (int(w) for w in words.tolist())
+        magic, kind, sender, step, length, code, loss_bits, loss_steps = (
+            int(w) for w in words.tolist()
+        )
         where = f"from rank {actual_sender}"
         if magic != MAGIC:
             raise ProtocolError(f"message {where} has bad magic {magic:#x}: not a Tether peer")
@@ -117,4 +125,8 @@ class MessageHeader:
                 f"message {where} announces {length} elements, buffer holds {max_length}: "
                 "the peers were started with different models"
             )
-        return MessageHeader(parsed, sender, step, length, CODE_DTYPES[code])
+        if not 0 <= loss_steps <= MAX_STEP or (loss_steps == 0 and loss_bits != 0):
+            raise ProtocolError(f"message {where} has a loss over {loss_steps} steps")
+        # Any float is a loss (a diverging worker's is inf or NaN): it is logged, never used.
+        loss = float(torch.tensor([loss_bits], dtype=torch.int64).view(torch.float64))
+        return MessageHeader(parsed, sender, step, length, CODE_DTYPES[code], loss, loss_steps)

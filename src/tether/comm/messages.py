@@ -1,7 +1,7 @@
 """The header-checked message protocol, shared by every transport.
 
-A message is a fixed header (:mod:`tether.comm.header`: magic, kind, sender, step, length, dtype)
-then a payload. Headers and payloads travel on different tags, so that a receive-from-any-source
+A message is a fixed header (:mod:`tether.comm.header`: magic, kind, sender, step, length, dtype,
+and a worker's loss report) then a payload. Headers and payloads travel on different tags, so that a receive-from-any-source
 for a header can never match another sender's payload; the header is validated against the
 receive buffer BEFORE the payload is received (a gloo receive into a buffer smaller than the
 message aborts the process; MPI calls it a truncation error), and the payload is then received
@@ -71,19 +71,33 @@ class MessageProtocol:
         raise NotImplementedError
 
     def isend_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
+        self,
+        payload: torch.Tensor,
+        dst: int,
+        kind: MessageKind,
+        step: int = 0,
+        channel: int = 0,
+        loss: tuple[float, int] = (0.0, 0),
     ) -> Any:
-        """Send header then payload without blocking; keep the result and ``wait()`` on it."""
+        """Send header then payload without blocking; keep the result and ``wait()`` on it.
+        ``loss``: (mean loss, over how many steps), for the header's loss report."""
         payload = payload.detach().contiguous().view(-1)
-        header = MessageHeader(kind, self.rank, step, payload.numel(), payload.dtype).encode()
+        n = payload.numel()
+        header = MessageHeader(kind, self.rank, step, n, payload.dtype, *loss).encode()
         header_tag, payload_tag = message_tags(channel)
         parts = [(header, header_tag)] + ([(payload, payload_tag)] if payload.numel() else [])
         return self._send_parts(parts, dst)
 
     def send_message(
-        self, payload: torch.Tensor, dst: int, kind: MessageKind, step: int = 0, channel: int = 0
+        self,
+        payload: torch.Tensor,
+        dst: int,
+        kind: MessageKind,
+        step: int = 0,
+        channel: int = 0,
+        loss: tuple[float, int] = (0.0, 0),
     ) -> None:
-        self.isend_message(payload, dst, kind, step, channel).wait()
+        self.isend_message(payload, dst, kind, step, channel, loss).wait()
 
     def recv_message(
         self,

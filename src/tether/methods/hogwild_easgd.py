@@ -86,6 +86,8 @@ class HogwildEASGD(HogwildMethod):
         if not self.use_shared:
             super().start(step)  # the plain handshake: x_i starts at the server's c
             self._steps = [step] * self.workers
+            if self.is_server:  # the threads fill it from the workers' headers
+                self.losses = torch.zeros(2 * self.workers, dtype=torch.float64)
             return
         center = self.start_shared(step)
         if not self.is_server:
@@ -113,7 +115,12 @@ class HogwildEASGD(HogwildMethod):
             self.board[self.workers + self.worker_index()] += 1
             return
         self.transport.send_message(
-            self.flat, SERVER, MessageKind.PARAMS, step=self.local_step, channel=EXCHANGE_CHANNEL
+            self.flat,
+            SERVER,
+            MessageKind.PARAMS,
+            step=self.local_step,
+            channel=EXCHANGE_CHANNEL,
+            loss=self.link.take_loss(),
         )
         buffers = {MessageKind.DELTA: self._delta, MessageKind.STOP: self._stop}
         msg = self.transport.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
@@ -200,6 +207,10 @@ class HogwildEASGD(HogwildMethod):
                     self.server.give_up(rank, f"protocol: its step went from {last} to {step}")
                     return
                 self._steps[slot] = step
+                if msg.header.loss_steps:  # this slot's own words of the loss board
+                    assert self.losses is not None
+                    self.losses[2 * slot] += msg.header.loss * msg.header.loss_steps
+                    self.losses[2 * slot + 1] += msg.header.loss_steps
                 if msg.header.kind is MessageKind.STOP:
                     return
                 if self.stopping:

@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.comm.transport import Message
-from tether.methods.base import Role, TrainingMethod
+from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
@@ -28,6 +29,10 @@ from tether.observe.metrics import PhaseTotals
 class ServerHooks(Protocol):
     def on_progress(self, global_step: int) -> bool:
         """Called by the server after each update; returns True when the run should stop."""
+        ...
+
+    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+        """A worker's mean training loss over its ``steps`` local steps up to ``worker_step``."""
         ...
 
 
@@ -91,6 +96,22 @@ class ServerMethod(TrainingMethod):
     def stop_requested(self) -> bool:
         return not self.is_server and self.link.stop_requested
 
+    def local_update(
+        self,
+        backward: Backward,
+        times: StepTimes,
+        wait: Callable[[], tuple[float, float]] | None = None,
+    ) -> torch.Tensor | None:
+        """The step seam, and the step's loss kept for the server's log (reported with the
+        next message; a user's own loop, which runs backward itself, reports none)."""
+        loss = super().local_update(backward, times, wait)
+        if loss is not None:
+            self.note_loss(float(loss))
+        return loss
+
+    def note_loss(self, loss: float) -> None:
+        self.link.note_loss(loss)
+
     @abstractmethod
     def serve(self, hooks: ServerHooks) -> ServeResult:
         """The server's loop; returns when every worker has stopped or was lost."""
@@ -137,6 +158,8 @@ class ServerMethod(TrainingMethod):
         updates = 0
         for msg in arrivals:
             rank = msg.header.sender
+            if msg.header.loss_steps:
+                hooks.on_worker_loss(rank, msg.header.step, msg.header.loss, msg.header.loss_steps)
             if msg.header.kind is MessageKind.PULL:  # a worker reads the vector (eval_model)
                 self.server.reply(rank, self.flat, stop=stopping)
                 continue

@@ -29,6 +29,21 @@ class WorkerEndpoint:
         # Called with the step after each exchange's message is sent (fault injection: a worker
         # that stops between its message and the server's reply, as a SIGSTOP can catch it).
         self.on_sent: Callable[[int], None] | None = None
+        self._loss_sum = 0.0  # the training losses since the last report (server's log)
+        self._loss_steps = 0
+
+    def note_loss(self, loss: float) -> None:
+        """Count one local step's loss; the next exchange reports their mean to the server."""
+        self._loss_sum += loss
+        self._loss_steps += 1
+
+    def take_loss(self) -> tuple[float, int]:
+        """(mean loss, steps) since the last report, for a message header; resets the count."""
+        report = (
+            (self._loss_sum / self._loss_steps, self._loss_steps) if self._loss_steps else (0.0, 0)
+        )
+        self._loss_sum, self._loss_steps = 0.0, 0
+        return report
 
     def handshake(self) -> torch.Tensor:
         """Announce our model (count and dtype) and receive the initial weights."""
@@ -42,7 +57,9 @@ class WorkerEndpoint:
     def exchange(self, payload: torch.Tensor, kind: MessageKind, step: int) -> torch.Tensor | None:
         """Send ``payload`` (the flat weights or gradient) and return the server's reply, or
         None when the server asks this worker to stop (the target accuracy was reached)."""
-        self.transport.send_message(payload, SERVER, kind, step=step, channel=DATA_CHANNEL)
+        self.transport.send_message(
+            payload, SERVER, kind, step=step, channel=DATA_CHANNEL, loss=self.take_loss()
+        )
         if self.on_sent is not None:
             self.on_sent(step)
         reply = self.exchange_reply()

@@ -254,6 +254,21 @@ class Trainer:
             sorted(result.lost_workers),
         )
 
+    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+        """Server hook: a worker's mean training loss over its last ``steps`` local steps, logged
+        at the run's global step as of its arrival."""
+        self.metrics.write(
+            {
+                "step": self.shown_step,
+                "worker": rank,
+                "worker_step": worker_step,
+                "loss": loss,
+                "loss_steps": steps,
+            }
+        )
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar("train/loss", loss, self.shown_step)
+
     def on_progress(self, global_step: int) -> bool:
         """Server hook, after each update: progress bar, evaluation, checkpoints; True = stop."""
         self.bar.update(max(0, global_step - self.shown_step))
