@@ -34,3 +34,20 @@ def loss_and_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     return float(loss.detach()), flat_gradient(model)
+
+
+class RecordingHooks:
+    """A server's hooks for tests: every global step and worker loss report is kept; the run
+    stops once the global step reaches ``stop_at`` (None: never)."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.stop_at = stop_at
+        self.seen: list[int] = []
+        self.losses: list[tuple[int, int, float, int]] = []
+
+    def on_progress(self, global_step: int) -> bool:
+        self.seen.append(global_step)
+        return self.stop_at is not None and global_step >= self.stop_at
+
+    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+        self.losses.append((rank, worker_step, loss, steps))

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.method_drive import cross_entropy_step, loss_and_gradient
+from tests.method_drive import RecordingHooks, cross_entropy_step, loss_and_gradient
 from tether.comm.header import MessageKind
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
@@ -47,12 +47,6 @@ def _config(**change) -> TrainConfig:
     return TrainConfig(lr=LR, momentum=MU, tau=TAU, weight_decay=0.0, **change)
 
 
-class _Hooks:
-    def on_progress(self, global_step: int) -> bool:
-        del global_step
-        return False
-
-
 def _batch(step: int, index: int, workers: int):
     x, y = _data()
     idx = GlobalBatchSampler(len(x), BATCH * workers, seed=1).worker_indices(step, index, workers)
@@ -69,7 +63,7 @@ def _run(
     m.start()
     servers = cls.server_processes
     if servers and rank == 0:
-        result = m.serve(_Hooks())
+        result = m.serve(RecordingHooks())
         dist.barrier()  # the next method's handshake must not reach this method's server
         return {"weights": m.flat.clone(), "arrivals": m.server.state.arrivals, **result.extra}
     index, workers = rank - servers, world - servers
@@ -272,7 +266,7 @@ def _step_jumper(rank: int, world: int) -> dict:
     method = cls(_model(), MethodContext(_config(), transport, torch.device("cpu")))
     method.start()
     if rank == 0:
-        result = method.serve(_Hooks())
+        result = method.serve(RecordingHooks())
         return {"lost": dict(result.lost_workers), "global_step": result.global_step}
     if rank == 2:
         transport.send_message(method.flat, 0, MessageKind.PARAMS, step=1_000_000)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import tether.methods.hogwild_sgd as hogwild_sgd
-from tests.method_drive import cross_entropy_step, loss_and_gradient
+from tests.method_drive import RecordingHooks, cross_entropy_step, loss_and_gradient
 from tether.comm.header import MessageKind
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
@@ -66,15 +66,6 @@ def _batch(worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-
-
-class _Hooks:
-    def __init__(self, stop_at: int | None) -> None:
-        self.stop_at, self.seen = stop_at, []
-
-    def on_progress(self, global_step: int) -> bool:
-        self.seen.append(global_step)
-        return self.stop_at is not None and global_step >= self.stop_at
 
 
 class _Threaded(HogwildEASGD):
@@ -140,7 +131,7 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
     method = cls(_model(), MethodContext(_config(**change), transport, torch.device("cpu")))
     if rank == 0:
         method.start()
-        hooks = _Hooks(stop_at)
+        hooks = RecordingHooks(stop_at)
         result = method.serve(hooks)
         out = {
             "global_step": result.global_step,
@@ -148,6 +139,8 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
             "stopped": sorted(method.server.state.stopped),
             "samples": result.totals.samples,
             "seen": hooks.seen,
+            # the steps each worker's loss reports covered (the shared loss board, or headers)
+            "loss_steps": [sum(r[3] for r in hooks.losses if r[0] == w) for w in range(1, world)],
             "overlapped": getattr(method, "overlapped", -1),
             **result.extra,
         }
@@ -264,6 +257,7 @@ def test_hogwild_sgd_shares_one_weight_buffer_without_locks() -> None:
             np.testing.assert_array_equal(worker[name]["shared"], ref)
         assert server[name]["global_step"] == sum(plan) // 2
         assert server[name]["updates"] == sum(plan)
+        assert server[name]["loss_steps"] == plan  # every step's loss, from the shared board
     phase = [r["together"] for r in ranks]
     _check_concurrent(phase, 40, server["initial"])
     assert server["together"]["updates"] == 80
@@ -283,6 +277,9 @@ def test_hogwild_easgd_follows_the_elastic_rule_without_locks(cls: type) -> None
         assert server[name]["exchanges"] == sum(p // TAU for p in plan)
         assert server[name]["global_step"] == sum(plan) // 2
         assert server[name]["alpha"] == ALPHA and server[name]["tau"] == TAU
+        # the board has every step's loss; the threads get them with the exchanges (every TAU)
+        reported = plan if cls is HogwildEASGD else [p // TAU * TAU for p in plan]
+        assert server[name]["loss_steps"] == reported
     _check_concurrent([r["together"] for r in ranks], 20, server["initial"])
     assert server["together"]["exchanges"] == 20
     if cls is _Threaded:

@@ -21,6 +21,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tests.method_drive import RecordingHooks
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.launch.spawn import run_spawned
@@ -31,12 +32,6 @@ from tether.training.trainer import Trainer, WorkerRuntime
 
 WORLD, STEPS, BAD_STEP, BAD_RANK = 3, 4, 2, 1
 CPU = torch.device("cpu")
-
-
-class _Hooks:
-    def on_progress(self, global_step: int) -> bool:
-        del global_step
-        return False
 
 
 def _model() -> nn.Module:
@@ -74,7 +69,7 @@ def _forced_overflow(rank: int, world: int, name: str) -> dict[str, Any]:
     method = cls(_model(), MethodContext(config, TorchTransport(), CPU, Placement()))
     method.start()
     if cls.server_processes and rank == 0:
-        result = method.serve(_Hooks())
+        result = method.serve(RecordingHooks())
         dist.barrier()
         return {"rounds": result.extra["rounds"]}
     out: dict[str, Any] = {}

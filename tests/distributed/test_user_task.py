@@ -298,8 +298,10 @@ def _check_step_losses(path: Path, method: str) -> None:
         assert STEPS - 2 <= covered <= STEPS, (method, rank, covered)
         assert abs(covered - mine[-1]["worker_step"]) <= 2, (method, rank, mine[-1])
         assert all(0 < r["loss"] < 10 for r in mine), (method, rank)
-        first, last = mine[: len(mine) // 4], mine[-len(mine) // 4 :]
-        assert _mean_loss(last) < _mean_loss(first), (method, rank, first, last)
+        if len(mine) >= 2:  # (Hogwild's board is read every 15 ms: a fast worker may be done)
+            half = len(mine) // 2
+            first, last = mine[:half], mine[-half:]
+            assert _mean_loss(last) < _mean_loss(first), (method, rank, first, last)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:

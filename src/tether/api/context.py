@@ -41,6 +41,9 @@ class _ServeToTheEnd:
         del global_step
         return False
 
+    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+        del rank, worker_step, loss, steps  # a user's own loop keeps no log of ours
+
 
 class Context:
     """This process's view of a distributed run started by ``tether.init``."""

@@ -44,7 +44,9 @@ class AsyncSGD(ServerMethod):
 
     # -- worker ----------------------------------------------------------------------------------
     def step(self, backward: Backward, times: StepTimes) -> torch.Tensor | None:
-        loss = backward()
+        loss = backward()  # (not local_update: the server applies the optimizer step)
+        if loss is not None:
+            self.note_loss(float(loss))  # reported with the next push
         self.scale_gradients()
         overflow = self.unscale_gradients()
         if self.scaler is not None:
