@@ -44,6 +44,10 @@ class OversubscribedWarning(UserWarning):
     """More local processes than cores."""
 
 
+class OneNodeWarning(UserWarning):
+    """A two-level method whose workers all sit on one node (it then has one level)."""
+
+
 def method_defaults(method: str) -> dict[str, Any]:
     """The tuned defaults a method declares (empty for an unknown name: the check reports it)."""
     return dict(METHODS.get(method).defaults) if method in METHODS else {}
@@ -156,6 +160,13 @@ def check_launch(config: TrainConfig) -> None:
     resolve_backend(config.backend, processes)
     # every local process is one part of this node (refuses more threads than cores)
     plan_partition(processes, config.threads_per_worker, config.pin_workers, usable_cores())
+    if config.method == "two-level-easgd" and config.ranks_per_node in (0, config.workers):
+        warnings.warn(
+            f"two-level-easgd with all {config.workers} workers on one node runs as sync-sgd "
+            "(no elastic rounds): --ranks-per-node G splits them into emulated nodes of G",
+            OneNodeWarning,
+            stacklevel=2,
+        )
     cores = len(usable_cores())
     if processes > cores:
         warnings.warn(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from torch.utils.data import TensorDataset
 
 import tether
 from tests.conftest import run_cli
+from tether.catalog import OneNodeWarning, check_launch
 from tether.cli import build_parser, config_from_args
+from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch.partition import plan_partition, usable_cores
 
@@ -125,3 +128,11 @@ def test_command_line_options_reach_the_config() -> None:
     config = config_from_args(args, lambda c: "unused")
     assert (config.pin_workers, config.threads_per_worker) == (False, 1)
     assert build_parser().parse_args(["train"]).__dict__.get("pin_workers", True) is True
+
+
+def test_two_level_on_one_node_says_it_runs_as_sync_sgd() -> None:
+    with pytest.warns(OneNodeWarning, match="all 2 workers on one node runs as sync-sgd"):
+        check_launch(TrainConfig(method="two-level-easgd", workers=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OneNodeWarning)
+        check_launch(TrainConfig(method="two-level-easgd", workers=2, ranks_per_node=1))
