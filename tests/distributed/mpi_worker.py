@@ -26,7 +26,7 @@ import torch
 from tests.distributed.collective_checks import Checks, close, gathered, sample
 from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.comm.collectives.chain import Chain
-from tether.comm.header import MessageHeader, MessageKind, ProtocolError
+from tether.comm.header import HEADER_WORDS, MessageHeader, MessageKind, ProtocolError
 from tether.comm.messages import PAYLOAD_TAG
 from tether.comm.mpi_transport import MPITransport
 from tether.comm.transport import HEADER_TAG
@@ -252,7 +252,13 @@ def _refused_then_accepted(t: MPITransport, checks: Checks) -> None:
         buffer = torch.zeros(16)
         # Longer than posted: MPI's truncation error, as a ProtocolError (it was a raw
         # MPI.Exception), for a header and for a payload longer than its header.
-        _refused(t, checks, buffer, "header from rank 2 is longer than the 48 bytes", None)
+        _refused(
+            t,
+            checks,
+            buffer,
+            f"header from rank 2 is longer than the {HEADER_WORDS * 8} bytes",
+            None,
+        )
         _refused(t, checks, buffer, "payload from rank 2 is longer than the 16 bytes", None)
         _refused(t, checks, buffer, "announces 32 elements, buffer holds 16", 128)
         _refused(t, checks, buffer, "carries torch.float64, this side expects torch.float32", 32)
