@@ -3,17 +3,24 @@ foreign-load monitor, and writing a result file that keeps its hand-written note
 
 from __future__ import annotations
 
+import datetime
+import io
 import math
 import os
 import platform
 import re
+import shlex
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from tether.observe.files import atomic_write
+
+RESULTS = Path(__file__).parent / "results"
 NOTES_MARKER = "<!-- hand-written notes below this line are kept when the benchmark re-runs -->"
 
 
@@ -44,6 +51,34 @@ def tether_command() -> list[str]:
     """The installed `tether` script next to this Python, else `python -m tether`."""
     script = Path(sys.executable).with_name("tether")
     return [str(script)] if script.exists() else [sys.executable, "-m", "tether"]
+
+
+def write_part_result(
+    title: str, stem: str, lines: list[str], figure: Any, info: dict[str, str], started: float
+) -> None:
+    """A benchmark part's result: ``results/STEM_MACHINE.md`` (title, machine, date, command,
+    duration, then ``lines``) and its figure as ``results/STEM_MACHINE.png``; prints the lines."""
+    slug = machine_slug(info)
+    png = RESULTS / f"{stem}_{slug}.png"
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    atomic_write(png, lambda handle: handle.write(buffer.getvalue()))
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    header = [
+        f"# {title}",
+        "",
+        f"- machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- command: `{command}`",
+        f"- took {(time.perf_counter() - started) / 60:.0f} min; figure: `{png.name}`",
+        "",
+        *lines,
+        "",
+    ]
+    out = RESULTS / f"{stem}_{slug}.md"
+    write_result(out, header)
+    print("\n".join(lines))
+    print(f"wrote {out} and {png}")
 
 
 def write_result(path: Path, lines: list[str]) -> None:

@@ -31,10 +31,7 @@ by side.
 from __future__ import annotations
 
 import argparse
-import datetime
-import io
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -47,10 +44,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from _common import machine, machine_slug, write_result
-from tether.observe.files import atomic_write
+from _common import machine, write_part_result
 
-RESULTS = Path(__file__).parent / "results"
 BASE_BATCH, MICRO_BATCH, TARGET = 256, 512, 0.88
 OPTIMIZERS = ("momentum", "nesterov", "lars", "lamb")
 GRID = (0.5, 1.0, 2.0)  # multiples of a cell's starting rate tried at seed 0
@@ -285,12 +280,6 @@ def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], 
     return lines, figure
 
 
-def _save_png(figure: Figure, path: Path) -> None:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("batches", "precision"), required=True)
@@ -307,25 +296,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tether-large-batch-") as scratch:
         part = part_batches if args.part == "batches" else part_precision
         lines, figure = part(args, Path(scratch))
-    slug = machine_slug(info)
-    png = RESULTS / f"large_batch_{args.part}_{slug}.png"
-    _save_png(figure, png)
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    header = [
-        f"# Large-batch training: part {args.part}",
-        "",
-        f"- machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- command: `{command}`",
-        f"- took {(time.perf_counter() - started) / 60:.0f} min; figure: `{png.name}`",
-        "",
-        *lines,
-        "",
-    ]
-    out = RESULTS / f"large_batch_{args.part}_{slug}.md"
-    write_result(out, header)
-    print("\n".join(lines))
-    print(f"wrote {out} and {png}")
+    write_part_result(
+        f"Large-batch training: part {args.part}",
+        f"large_batch_{args.part}",
+        lines,
+        figure,
+        info,
+        started,
+    )
 
 
 if __name__ == "__main__":

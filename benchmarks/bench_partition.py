@@ -22,10 +22,7 @@ receive counters over the whole run, start-up and evaluation included, divided b
 from __future__ import annotations
 
 import argparse
-import datetime
-import io
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -37,13 +34,11 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from _common import machine, machine_slug, tether_command, write_result
+from _common import machine, tether_command, write_part_result
 from tether.launch.netns import EmulatedCluster, available
 from tether.launch.netns_torchrun import torchrun_across
 from tether.launch.partition import usable_cores
-from tether.observe.files import atomic_write
 
-RESULTS = Path(__file__).parent / "results"
 TARGET = 0.85
 GLOBAL_BATCH = 128
 
@@ -251,12 +246,6 @@ def part_nodes(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figu
     return lines, figure
 
 
-def _save_png(figure: Figure, path: Path) -> None:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("partitions", "nodes"), required=True)
@@ -279,25 +268,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tether-partition-") as scratch:
         part = part_partitions if args.part == "partitions" else part_nodes
         lines, figure = part(args, Path(scratch))
-    slug = machine_slug(info)
-    png = RESULTS / f"partition_{args.part}_{slug}.png"
-    _save_png(figure, png)
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    header = [
-        f"# Chip partitioning: part {args.part}",
-        "",
-        f"- machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- command: `{command}`",
-        f"- took {(time.perf_counter() - started) / 60:.0f} min; figure: `{png.name}`",
-        "",
-        *lines,
-        "",
-    ]
-    out = RESULTS / f"partition_{args.part}_{slug}.md"
-    write_result(out, header)
-    print("\n".join(lines))
-    print(f"wrote {out} and {png}")
+    write_part_result(
+        f"Chip partitioning: part {args.part}",
+        f"partition_{args.part}",
+        lines,
+        figure,
+        info,
+        started,
+    )
 
 
 if __name__ == "__main__":
