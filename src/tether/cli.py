@@ -103,52 +103,52 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+# Options that take no value (and --metric, repeatable): (flag, config key, argparse action,
+# help). Like TRAIN_OPTIONS, what is set here reaches the config (config_from_args).
+FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
+    (
+        "--stop-at-target",
+        "stop_at_target",
+        "store_true",
+        "stop as soon as --target-accuracy is reached",
+    ),
+    (
+        "--no-pin-workers",
+        "pin_workers",
+        "store_false",
+        "do not give each worker process its own group of cores",
+    ),
+    (
+        "--timeline",
+        "timeline",
+        "store_true",
+        "write DIR/timeline.json, a Chrome trace of compute and communication per rank",
+    ),
+    (
+        "--metric",
+        "metrics",
+        "append",
+        "evaluation metric (accuracy, mae, mse, or module:function), repeatable",
+    ),
+    (
+        "--tensorboard",
+        "tensorboard",
+        "store_true",
+        "also write TensorBoard event files to DIR/tensorboard",
+    ),
+    ("--no-progress", "progress", "store_false", "no progress bar"),
+]
+FLAG_KEYS = tuple(key for _, key, _, _ in FLAG_OPTIONS)
+
+
 def add_train_options(parser: argparse.ArgumentParser) -> None:
     for flag, key, typ, help_text in TRAIN_OPTIONS:
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
-    parser.add_argument(
-        "--stop-at-target",
-        dest="stop_at_target",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="stop as soon as --target-accuracy is reached",
-    )
-    parser.add_argument(
-        "--no-pin-workers",
-        dest="pin_workers",
-        action="store_false",
-        default=argparse.SUPPRESS,
-        help="do not give each worker process its own group of cores",
-    )
-    parser.add_argument(
-        "--timeline",
-        dest="timeline",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="write DIR/timeline.json, a Chrome trace of compute and communication per rank",
-    )
-    parser.add_argument(
-        "--metric",
-        dest="metrics",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="NAME",
-        help="evaluation metric (accuracy, mae, mse, or module:function), repeatable",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        dest="tensorboard",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="also write TensorBoard event files to DIR/tensorboard",
-    )
-    parser.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        default=argparse.SUPPRESS,
-        help="no progress bar",
-    )
+    for flag, key, action, help_text in FLAG_OPTIONS:
+        named = {"metavar": "NAME"} if action == "append" else {}
+        parser.add_argument(
+            flag, dest=key, action=action, default=argparse.SUPPRESS, help=help_text, **named
+        )
     parser.add_argument("--config", type=Path, help="TOML file with config keys")
     parser.add_argument(
         "--set",
@@ -170,9 +170,6 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         help="replace the run in --out (its Tether files only); without it a non-empty --out "
         "is refused",
     )
-
-
-FLAG_KEYS = ("stop_at_target", "progress", "timeline", "tensorboard", "metrics", "pin_workers")
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:
