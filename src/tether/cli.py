@@ -145,7 +145,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     for flag, key, typ, help_text in TRAIN_OPTIONS:
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
     for flag, key, action, help_text in FLAG_OPTIONS:
-        named = {"metavar": "NAME"} if action == "append" else {}
+        named: dict[str, Any] = {"metavar": "NAME"} if action == "append" else {}
         parser.add_argument(
             flag, dest=key, action=action, default=argparse.SUPPRESS, help=help_text, **named
         )
