@@ -159,7 +159,8 @@ def check_launch(config: TrainConfig) -> None:
         )
     resolve_backend(config.backend, processes)
     # every local process is one part of this node (refuses more threads than cores)
-    plan_partition(processes, config.threads_per_worker, config.pin_workers, usable_cores())
+    cores = usable_cores()
+    plan_partition(processes, config.threads_per_worker, config.pin_workers, cores)
     if config.method == "two-level-easgd" and config.ranks_per_node in (0, config.workers):
         warnings.warn(
             f"two-level-easgd with all {config.workers} workers on one node runs as sync-sgd "
@@ -167,10 +168,9 @@ def check_launch(config: TrainConfig) -> None:
             OneNodeWarning,
             stacklevel=2,
         )
-    cores = len(usable_cores())
-    if processes > cores:
+    if processes > len(cores):
         warnings.warn(
-            f"{processes} processes on {cores} cores: they take turns on the cores (one thread "
+            f"{processes} processes on {len(cores)} cores: they take turns on the cores (one thread "
             "each) and each holds its own copy of the data set, so expect a slow run",
             OversubscribedWarning,
             stacklevel=2,
