@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from tether.launch.partition import usable_cores
+
 _pinned_core: int | None = None
 
 
@@ -27,7 +29,7 @@ def pin_main_thread(local_rank: int) -> int | None:
     return that core (None where the platform cannot pin: not Linux)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    cores = sorted(os.sched_getaffinity(0))
+    cores = usable_cores()
     core = cores[local_rank % len(cores)]
     os.sched_setaffinity(0, {core})
     global _pinned_core
