@@ -4,6 +4,8 @@ The public API::
 
     result = tether.fit(model=..., train_data=..., loss=..., method="sync-easgd", workers=4)
     ctx = tether.init(method="sync-easgd"); model, opt = ctx.wrap(model, opt)   # your own loop
+    work = tether.time_model(net, x, y, loss)                    # the performance model:
+    tether.predict(work, "sync-sgd", workers=8, profile="p40-cluster")   # docs/performance.md
 
 ``tether.metrics`` holds the evaluation metrics (``tether.metrics.accuracy``); ``TrainConfig``
 lists every option. The command line (``tether train``) is a thin layer over the same pieces.
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
     from tether.api.context import Context
     from tether.api.fit import FitResult, fit
     from tether.api.init import init
+    from tether.api.perf import predict, predict_scaling, simulate, time_model
     from tether.catalog import resolve_config
+    from tether.perf.profile import load_profile
 
 __version__ = "0.1.0"
 
@@ -35,6 +39,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "FitResult": ("tether.api.fit", "FitResult"),
     "metrics": ("tether.metrics", None),
     "resolve_config": ("tether.catalog", "resolve_config"),
+    "time_model": ("tether.api.perf", "time_model"),
+    "predict": ("tether.api.perf", "predict"),
+    "predict_scaling": ("tether.api.perf", "predict_scaling"),
+    "simulate": ("tether.api.perf", "simulate"),
+    "load_profile": ("tether.perf.profile", "load_profile"),
 }
 
 
@@ -57,6 +66,11 @@ __all__ = [
     "__version__",
     "fit",
     "init",
+    "load_profile",
     "metrics",
+    "predict",
+    "predict_scaling",
     "resolve_config",
+    "simulate",
+    "time_model",
 ]

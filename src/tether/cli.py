@@ -1,5 +1,6 @@
 """The ``tether`` command line: ``tether train``, ``tether launch``, ``tether compare``,
-``tether bench`` and ``tether list``.
+``tether bench``, ``tether calibrate | predict | simulate`` (:mod:`tether.perf_commands`) and
+``tether list``.
 
 User mistakes print one line (``tether: error: ...``) and exit with code 2, without a traceback;
 a failed worker prints which rank failed and why and exits with code 1.
@@ -17,6 +18,7 @@ from typing import Any, NoReturn
 
 from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
+from tether.perf_commands import add_perf_parsers
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -409,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     launch.set_defaults(func=cmd_launch)
     add_bench_parser(sub)
+    add_perf_parsers(sub)
     listing = sub.add_parser("list", help="list methods, models and data sets")
     listing.set_defaults(func=cmd_list)
     return parser

@@ -130,3 +130,30 @@ def test_no_upward_arrows() -> None:
             if any(target == a or target.startswith(a + ".") for a in above):
                 bad.append(edge)
     assert bad == []
+
+
+def test_the_performance_model_imports_nothing_that_runs() -> None:
+    """perf is pure: profiles, formulas, the DAG model and the simulator, no torch and nothing of
+    tether's outside itself but its errors (the timing lives in tether.bench)."""
+    graph = import_graph()
+    edges = _reach(graph, "tether.perf")
+    assert edges, "the graph lost tether.perf"
+    outside = [
+        e
+        for e in edges
+        if not (e.split(" -> ")[1].startswith("tether.perf") or e.endswith("-> tether.errors"))
+    ]
+    assert outside == []
+    for path in (ROOT / "perf").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and not node.level
+        }
+        assert "torch" not in imported, path

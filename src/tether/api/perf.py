@@ -1,0 +1,152 @@
+"""The performance model from Python: time the user's own model, predict a method's iteration
+time and scaling on any hardware profile, simulate the asynchronous methods.
+
+    workload = tether.time_model(net, inputs, targets, loss=F.cross_entropy)
+    p = tether.predict(workload, method="sync-sgd", workers=8, profile="p40-cluster")
+    p.iteration_s, p.comm_share, p.details["recommended_bucket_mb"]
+    rows = tether.predict_scaling(workload, method="sync-easgd", profile="k80-8gpu-pcie",
+                                  workers=[1, 2, 4, 8], strong=False)
+    r = tether.simulate("async-easgd", workers=4096, rounds=1000, step_s=0.01, tau=4)
+
+The pieces are :mod:`tether.perf` (pure: profiles, formulas, the DAG model, the simulator) and
+:mod:`tether.bench.workload` (the timing); the command line (``tether calibrate | predict |
+simulate``) is a thin layer over the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from tether.errors import TetherError
+from tether.perf.predict import Prediction, Setup, scaling
+from tether.perf.predict import predict as _predict
+from tether.perf.profile import HardwareProfile, load_profile
+from tether.perf.simulator import SimulationConfig, SimulationResult, WorkerSpeeds
+from tether.perf.simulator import simulate as _simulate
+from tether.perf.workload import Workload
+
+HERE = "this machine (timed)"
+
+
+def time_model(
+    model: nn.Module,
+    inputs: Any,
+    targets: Any,
+    loss: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    name: str | None = None,
+    threads: int = 1,
+    repeats: int = 20,
+    profile_name: str = HERE,
+) -> Workload:
+    """Time ``model``'s training step on one batch, layer by layer, on this machine.
+
+    ``optimizer`` defaults to momentum SGD over the model's parameters. The result predicts
+    with measured times on the profile named ``profile_name`` (a profile written by ``tether
+    calibrate`` for this machine), and with its counted FLOPs on any other."""
+    from tether.bench.calibrate import time_model as timed
+
+    if not isinstance(model, nn.Module):
+        raise TetherError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    opt = optimizer or torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    workload, _ = timed(
+        model,
+        inputs,
+        targets,
+        loss,
+        opt,
+        name or type(model).__name__,
+        profile_name,
+        threads,
+        repeats,
+    )
+    return workload
+
+
+def _profile(profile: str | HardwareProfile) -> HardwareProfile:
+    return profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+
+
+def predict(
+    workload: Workload,
+    method: str,
+    workers: int,
+    profile: str | HardwareProfile = "vm-2cores",
+    **settings: Any,
+) -> Prediction:
+    """Predicted seconds per local step of ``method`` on ``workers`` workers, with the breakdown
+    (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``). ``settings``:
+    ``tau``, ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
+    ``threads_per_worker`` (as ``tether train`` takes them)."""
+    return _predict(workload, _profile(profile), _setup(method, workers, settings))
+
+
+def predict_scaling(
+    workload: Workload,
+    method: str,
+    profile: str | HardwareProfile = "vm-2cores",
+    workers: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+    strong: bool = False,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """Throughput, the ideal line and efficiency for each worker count; weak scaling keeps the
+    per-worker batch, strong scaling the global batch of the first count."""
+    counts = list(workers)
+    if not counts or any(p < 1 for p in counts):
+        raise TetherError("workers must be a non-empty list of counts >= 1")
+    return scaling(workload, _profile(profile), _setup(method, counts[0], settings), counts, strong)
+
+
+def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
+    known = set(Setup.__dataclass_fields__) - {"method", "workers"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise TetherError(
+            f"unknown setting(s) {', '.join(unknown)}: predict takes {', '.join(sorted(known))}"
+        )
+    return Setup(method=method, workers=workers, **settings)
+
+
+def simulate(
+    method: str,
+    workers: int,
+    rounds: int,
+    step_s: float,
+    *,
+    heterogeneity: float = 0.0,
+    jitter: float = 0.0,
+    straggler_probability: float = 0.0,
+    straggler_slowdown: float = 1.0,
+    message_s: float = 0.0,
+    service_s: float = 0.0,
+    tau: int = 1,
+    seed: int = 0,
+) -> SimulationResult:
+    """A discrete-event simulation of an asynchronous or round-robin method
+    (:mod:`tether.perf.simulator`): throughput, staleness and the server's utilisation."""
+    try:
+        speeds = WorkerSpeeds(
+            step_s=step_s,
+            heterogeneity=heterogeneity,
+            jitter=jitter,
+            straggler_probability=straggler_probability,
+            straggler_slowdown=straggler_slowdown,
+        )
+        config = SimulationConfig(
+            method=method,
+            workers=workers,
+            rounds=rounds,
+            speeds=speeds,
+            message_s=message_s,
+            service_s=service_s,
+            tau=tau,
+            seed=seed,
+        )
+        return _simulate(config)
+    except ValueError as exc:
+        raise TetherError(str(exc)) from None

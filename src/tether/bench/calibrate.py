@@ -1,0 +1,156 @@
+"""``tether calibrate``: measure the running machine into a hardware profile and a model's layers
+into a workload, for ``tether predict`` (:mod:`tether.perf`).
+
+The links: ``tether bench comm``'s ranks time the backend's own all-reduce (``native``, what
+training uses unless told otherwise) at a range of sizes on ``workers`` local ranks, and the
+profile's alpha and beta are the least-squares fit of the ring formula
+``2(P-1)a + 2(P-1)/P*n*b`` to those times (Hockney's model fitted as MG-WFBP fits its clusters);
+gamma is the calibration's in-place add (:mod:`tether.comm.calibration`). The compute: the model's
+training step timed layer by layer (:mod:`tether.bench.workload`); the profile's achieved FLOP/s is
+that step's counted FLOPs (3x forward) over its time, which predicts other models of similar
+shape where they were not timed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tether.bench.workload import measure_workload
+from tether.errors import TetherError
+from tether.launch.partition import usable_cores
+from tether.perf.profile import HardwareProfile, Link, Sourced
+from tether.perf.workload import Workload
+
+LINK_SIZES = ("4KB", "64KB", "256KB", "1MB", "4MB", "16MB")  # KB, MB: powers of 1024
+ONE_NODE = 64  # local ranks: every worker of a local run shares this node
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    alpha: float
+    beta: float
+    gamma: float
+    workers: int
+    points: list[tuple[float, float]]  # (bytes, seconds) of native all-reduce
+    when: str
+
+
+def fit_ring(points: list[tuple[float, float]], world: int) -> tuple[float, float]:
+    """Least squares of ``t = 2(P-1)a + 2(P-1)/P*n*b`` over (bytes, seconds) points, relative
+    (each point weighted by 1/t, so the small sizes count as much as the large ones); a and b
+    are kept >= 0."""
+    x1 = 2 * (world - 1)
+    rows = [(x1 / t, 2 * (world - 1) / world * n / t, 1.0) for n, t in points if t > 0]
+    if len(rows) < 2:
+        raise TetherError("the link fit needs at least two timed sizes")
+    a_matrix = torch.tensor([[r[0], r[1]] for r in rows], dtype=torch.float64)
+    ones = torch.ones(len(rows), 1, dtype=torch.float64)
+    solution = torch.linalg.lstsq(a_matrix, ones).solution.flatten()
+    alpha, beta = (max(0.0, float(v)) for v in solution)
+    return alpha, beta
+
+
+def measure_links(workers: int, refresh: bool, timeout_s: float) -> LinkFit:
+    """Time native all-reduce on ``workers`` local ranks (tether bench comm's ranks) and fit."""
+    from tether.bench.comm_launch import launch_torch
+
+    if workers < 2:
+        raise TetherError("--workers must be at least 2 to measure the links")
+    with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as tmp:
+        out = Path(tmp) / "comm.json"
+        argv = ["--op", "allreduce", "--algo", "native", "--sizes", ",".join(LINK_SIZES)]
+        argv += ["--repeats", "10", "--timeout", str(timeout_s), "--out", str(out)]
+        argv += ["--recalibrate"] if refresh else []
+        launch_torch(workers, argv, timeout_s, Path(tmp))
+        report = json.loads(out.read_text())
+    points = [(float(r["bytes"]), float(r["time_s"])) for r in report["rows"]]
+    alpha, beta = fit_ring(points, workers)
+    gamma = report["predictions"].get("gamma") or 0.0
+    return LinkFit(alpha, beta, float(gamma), workers, points, report["date"])
+
+
+def hardware_profile(
+    name: str, links: LinkFit, workload: Workload, step_s: float, threads: int
+) -> HardwareProfile:
+    """The running machine as a profile: one node holding every local worker, its usable cores,
+    the fitted links, and the achieved FLOP/s of the timed model."""
+    where = f"tether calibrate on {socket.gethostname()}, {links.when}"
+    fit = (
+        f"{where}: ring formula fitted to native all-reduce times on {links.workers} ranks "
+        f"at {', '.join(LINK_SIZES)}"
+    )
+    cores = len(usable_cores())
+    flops = 3 * workload.forward_flops / step_s if step_s > 0 else 0.0
+    if flops <= 0:
+        raise TetherError(
+            f"torch counted no FLOPs in model {workload.model!r} (no convolution or matrix "
+            "product?): the profile's achieved FLOP/s cannot be measured with it"
+        )
+    link = Link(Sourced(links.alpha, fit), Sourced(links.beta, fit))
+    return HardwareProfile(
+        name=name,
+        description=f"{socket.gethostname()}: {cores} usable cores, every worker on this node, "
+        f"{threads} thread(s) per worker",
+        ranks_per_node=ONE_NODE,
+        cores_per_node=max(1, cores // max(1, threads)),
+        intra=link,
+        inter=link,
+        gamma=Sourced(links.gamma, f"{where}: in-place add of 4 MiB float32"),
+        flops=Sourced(
+            flops,
+            f"{where}: {workload.model} at batch {workload.batch_size}, 3x forward FLOPs "
+            "(torch's count) over the timed training step",
+        ),
+    )
+
+
+def time_model(
+    model: nn.Module,
+    inputs: Any,
+    targets: Any,
+    loss: Any,
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    profile_name: str,
+    threads: int,
+    repeats: int = 20,
+) -> tuple[Workload, float]:
+    """The workload of one training step and its total seconds, timed on ``threads`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        workload = measure_workload(
+            model, inputs, targets, loss, optimizer, name, profile_name, repeats=repeats
+        )
+    finally:
+        torch.set_num_threads(before)
+    step = sum(layer.forward_s + layer.backward_s for layer in workload.layers)
+    return workload, step + workload.update_s
+
+
+def write_calibration(
+    path: Path, profile: HardwareProfile, workload: Workload, extra: dict
+) -> None:
+    """One JSON file: the hardware profile (``tether predict --profile FILE``) and the timed
+    workload (used by predict for the same model and batch on this profile)."""
+    from tether.observe.files import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        path,
+        {
+            "hardware": profile.to_dict(),
+            "workload": workload.to_dict(),
+            "calibrated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            **extra,
+        },
+    )

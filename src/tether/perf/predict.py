@@ -1,0 +1,286 @@
+"""Predicted iteration time of every training method, with its breakdown, from a hardware profile
+and a model's workload.
+
+One iteration is one local step of one worker (forward, backward, update) plus its share of the
+method's communication:
+
+* ``sync-sgd``: the DAG model (:mod:`tether.perf.dag`) with the fusion buckets as configured,
+  wait-free backprop when overlapping, else naive; MG-WFBP's merging and the best ``--bucket-mb``
+  as recommendations;
+* ``sync-easgd``: one all-reduce of the whole model every ``tau`` steps, hidden under the next
+  ``tau`` steps' compute when overlapping (SC17's co-design 4), plus the elastic update (three
+  passes over the weights); ``local-sgd``: the same all-reduce, not overlapped;
+* ``two-level-easgd``: sync-sgd's buckets inside a node, and every ``tau`` steps a cross-node
+  all-reduce of 1/G of the model per rank;
+* the parameter-server methods and ``original-easgd``: the steady state of the closed system of
+  P workers and one server (:func:`tether.perf.simulator.closed_form_throughput`): a push and a
+  reply per exchange, the server serving one exchange at a time (round-robin by rank for
+  original-easgd, first come first served for the async ones, no queue for Hogwild).
+
+Workers that share a node's cores compute slower in proportion (``cores_per_node``), and on an
+oversubscribed node nothing overlaps: the cores that would hide the communication are busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tether.errors import TetherError
+from tether.perf import dag
+from tether.perf.collective_cost import Links, all_reduce_time, message_time
+from tether.perf.profile import HardwareProfile
+from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
+from tether.perf.workload import StepTimes, Workload
+
+COLLECTIVE_METHODS = ("sync-sgd", "sync-easgd", "local-sgd", "two-level-easgd")
+SERVER_METHODS = (
+    "original-easgd",
+    "async-sgd",
+    "async-msgd",
+    "async-easgd",
+    "async-measgd",
+    "hogwild-sgd",
+    "hogwild-easgd",
+)
+PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
+MIB = 1 << 20
+BUCKET_CANDIDATES_MB = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What runs: the method and its communication settings (as ``tether train`` takes them)."""
+
+    method: str
+    workers: int
+    tau: int = 1
+    bucket_mb: float = 1.0  # 0: one message per tensor
+    overlap: bool = True
+    allreduce: str = "native"
+    ranks_per_node: int = 0  # 0: the profile's
+    threads_per_worker: int = 1
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Seconds per local step of one worker, and how they divide."""
+
+    method: str
+    workers: int
+    batch_size: int
+    iteration_s: float
+    compute_s: float
+    exposed_comm_s: float
+    update_s: float
+    comm_s: float  # all communication per step, hidden or not
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.workers * self.batch_size / self.iteration_s if self.iteration_s else 0.0
+
+    @property
+    def comm_share(self) -> float:
+        """Exposed communication as a share of the iteration (SC17's "communication share")."""
+        return self.exposed_comm_s / self.iteration_s if self.iteration_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "workers": self.workers,
+            "batch_size": self.batch_size,
+            "iteration_s": self.iteration_s,
+            "compute_s": self.compute_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "update_s": self.update_s,
+            "comm_s": self.comm_s,
+            "comm_share": self.comm_share,
+            "samples_per_s": self.samples_per_s,
+            **self.details,
+        }
+
+
+def links_of(profile: HardwareProfile, ranks_per_node: int = 0) -> Links:
+    return Links(
+        a=profile.intra.alpha.value,
+        b=profile.intra.beta.value,
+        g=profile.gamma.value,
+        inter_a=profile.inter.alpha.value,
+        inter_b=profile.inter.beta.value,
+        ranks_per_node=ranks_per_node or profile.ranks_per_node,
+    )
+
+
+def _processes_per_node(setup: Setup, links: Links) -> int:
+    workers_here = min(setup.workers, links.ranks_per_node)
+    server = 1 if setup.method in SERVER_METHODS and not setup.method.startswith("hogwild") else 0
+    return workers_here + server
+
+
+def _slowdown(profile: HardwareProfile, setup: Setup, links: Links) -> float:
+    if profile.cores_per_node <= 0:
+        return 1.0
+    busy = _processes_per_node(setup, links) * setup.threads_per_worker
+    return max(1.0, busy / profile.cores_per_node)
+
+
+def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dict[str, Any]:
+    p = setup.workers
+
+    def comm(n: float) -> float:
+        return all_reduce_time(setup.allreduce, p, n, links)
+
+    t_f = sum(steps.forward_s)
+
+    def iteration(bucket_mb: float, overlapped: bool) -> dag.Iteration:
+        t_c = dag.bucket_comm(steps.tensor_bytes, bucket_mb * MIB if bucket_mb else None, comm)
+        model = dag.wfbp if overlapped else dag.naive
+        return model(t_f, steps.backward_s, t_c, steps.update_s)
+
+    chosen = iteration(setup.bucket_mb, overlap)
+    sweep = {mb: iteration(mb, overlap).total_s for mb in BUCKET_CANDIDATES_MB}
+    best_mb = min(sweep, key=lambda mb: (sweep[mb], mb))
+    merged = dag.mg_wfbp(t_f, steps.backward_s, steps.layer_bytes, steps.update_s, comm, links.a)
+    return {
+        "iteration": chosen,
+        "naive_s": iteration(setup.bucket_mb, False).total_s,
+        "wfbp_s": iteration(setup.bucket_mb, True).total_s,
+        "mg_wfbp_s": merged.iteration.total_s,
+        "mg_wfbp_messages": len(merged.groups),
+        "recommended_bucket_mb": best_mb,
+        "recommended_s": sweep[best_mb],
+    }
+
+
+def _rounds(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dag.Iteration:
+    """sync-easgd, local-sgd, two-level-easgd: local steps with a round every tau steps."""
+    n = steps.model_bytes
+    compute = steps.compute_s
+    if setup.method == "two-level-easgd":
+        inside = _sync_sgd(steps, _node_setup(setup, links), links, overlap)["iteration"]
+        per_node = min(setup.workers, links.ranks_per_node)
+        nodes = links.nodes(setup.workers)
+        # the G local ranks each all-reduce 1/G of the model across the nodes at once, sharing
+        # the node's link: the bytes of one whole-model all-reduce over N, its start-ups in
+        # parallel; then the node all-gathers the G pieces (a ring all-gather inside the node)
+        node_link = Links(links.inter_a, links.inter_b, links.g, links.inter_a, links.inter_b, 1)
+        round_s = all_reduce_time(setup.allreduce, nodes, n, node_link)
+        round_s += (per_node - 1) * (links.a + n / per_node * links.b) + 3 * n * links.g
+        compute, base_comm = inside.total_s, inside.comm_s
+    else:
+        round_s = all_reduce_time(setup.allreduce, setup.workers, n, links)
+        base_comm = 0.0
+        if setup.method == "sync-easgd":
+            round_s += 3 * n * links.g  # d = x - c, x -= alpha d, c += alpha d
+    hides = overlap and setup.method != "local-sgd"
+    exposed = max(0.0, round_s - setup.tau * compute) if hides else round_s
+    return dag.Iteration(compute + exposed / setup.tau, compute, base_comm + round_s / setup.tau)
+
+
+def _node_setup(setup: Setup, links: Links) -> Setup:
+    return Setup(
+        method="sync-sgd",
+        workers=min(setup.workers, links.ranks_per_node),
+        bucket_mb=setup.bucket_mb,
+        overlap=setup.overlap,
+        allreduce=setup.allreduce,
+        ranks_per_node=links.ranks_per_node,
+    )
+
+
+def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float, float]:
+    """(seconds per local step, server service per exchange, message time) in steady state."""
+    n = steps.model_bytes
+    crosses = setup.workers > links.ranks_per_node
+    hogwild_sgd = setup.method == "hogwild-sgd"
+    message = 0.0 if hogwild_sgd else message_time(n, links, crosses)
+    passes = 3 if setup.method.endswith("easgd") else 2  # elastic move vs w -= lr*g (momentum: 2)
+    service = passes * n * links.g + (0.0 if hogwild_sgd else links.a)
+    tau = setup.tau if setup.method.endswith("easgd") else 1
+    config = SimulationConfig(
+        method=setup.method,
+        workers=setup.workers,
+        rounds=1,
+        speeds=WorkerSpeeds(step_s=steps.compute_s),
+        message_s=message,
+        service_s=service,
+        tau=tau,
+    )
+    per_step = setup.workers / closed_form_throughput(config)
+    return per_step, service, message
+
+
+def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
+    """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
+    if setup.method not in PREDICTED_METHODS:
+        raise TetherError(
+            f"no prediction for method '{setup.method}': one of {', '.join(PREDICTED_METHODS)}"
+        )
+    if setup.workers < 1 or setup.tau < 1:
+        raise TetherError("workers and tau must be at least 1")
+    links = links_of(profile, setup.ranks_per_node)
+    slow = _slowdown(profile, setup, links)
+    steps = workload.step_times(profile).slowed(slow)
+    # an oversubscribed node has no idle core to run the communication beside the compute
+    overlap = setup.overlap and slow <= 1.0
+    details: dict[str, Any] = {"compute_slowdown": slow, "overlap_effective": overlap}
+    if setup.method == "sync-sgd":
+        found = _sync_sgd(steps, setup, links, overlap)
+        it = found.pop("iteration")
+        details.update(found)
+        total, compute, comm = it.total_s, it.compute_s, it.comm_s
+    elif setup.method in COLLECTIVE_METHODS:
+        it = _rounds(steps, setup, links, overlap)
+        total, compute, comm = it.total_s, it.compute_s, it.comm_s
+    else:
+        total, service, message = _server(steps, setup, links)
+        compute = steps.compute_s
+        exchanges = 1 / setup.tau if setup.method.endswith("easgd") else 1
+        comm = (2 * message + service) * exchanges
+        details.update({"server_service_s": service, "message_s": message})
+    return Prediction(
+        method=setup.method,
+        workers=setup.workers,
+        batch_size=workload.batch_size,
+        iteration_s=total,
+        compute_s=compute,
+        exposed_comm_s=max(0.0, total - compute),
+        update_s=steps.update_s,
+        comm_s=comm,
+        details=details,
+    )
+
+
+def scaling(
+    workload: Workload,
+    profile: HardwareProfile,
+    setup: Setup,
+    workers: list[int],
+    strong: bool,
+) -> list[dict[str, Any]]:
+    """Throughput and efficiency against the worker count. Weak scaling keeps the per-worker
+    batch; strong scaling keeps the global batch of one worker's (``batch * workers[0]``),
+    each worker taking its share (at least one sample)."""
+    base_global = workload.batch_size * workers[0]
+    rows = []
+    first = None
+    for p in workers:
+        batch = max(1, base_global // p) if strong else workload.batch_size
+        pred = predict(workload.at_batch(batch), profile, replace(setup, workers=p))
+        rate = pred.samples_per_s
+        if first is None:
+            first = (p, rate)
+        ideal = first[1] * p / first[0]
+        rows.append(
+            {
+                "workers": p,
+                "batch_size": batch,
+                "iteration_s": pred.iteration_s,
+                "samples_per_s": rate,
+                "ideal_samples_per_s": ideal,
+                "efficiency": rate / ideal if ideal else 0.0,
+                "comm_share": pred.comm_share,
+            }
+        )
+    return rows

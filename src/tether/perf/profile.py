@@ -1,0 +1,166 @@
+"""Hardware profiles: what a machine or cluster is, as data, every number with its source.
+
+A profile describes one kind of worker and the links between workers, in the alpha-beta-gamma
+model of the communication layer (docs/communication.md: a message of n bytes costs ``a + n*b``,
+reducing n bytes costs ``n*g``; Thakur, Rabenseifner and Gropp 2005), with two link levels as the
+hierarchical all-reduce of Jia et al. 2018 needs them: inside a node and between nodes. Compute is
+a worker's achieved FLOP/s (the fraction of peak a training step reaches), which turns a model's
+counted FLOPs into seconds where no layer was timed on the machine itself.
+
+On disk a profile is JSON; each number is ``{"value": x, "source": "where it comes from"}``, so a
+prediction can say what it rests on. ``tether calibrate`` writes one for the running machine; the
+built-in ones are files in ``tether/perf/profiles/`` (``tether predict --profile NAME``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tether.errors import TetherError
+
+BUILT_IN = "tether.perf.profiles"
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A number and where it comes from (a paper, a datasheet, a measurement and its date)."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link level: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: Sourced
+    beta: Sourced
+
+    def time(self, n_bytes: float) -> float:
+        return self.alpha.value + n_bytes * self.beta.value
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A worker kind and its links. ``cores_per_node`` is how many workers (one thread each) a
+    node runs without sharing a core: beyond it a worker's compute slows in proportion (the
+    partitioning of one chip into workers, SC17 section on KNL); 0 means no such limit (GPUs,
+    one worker per device)."""
+
+    name: str
+    description: str
+    ranks_per_node: int
+    cores_per_node: int
+    intra: Link
+    inter: Link
+    gamma: Sourced
+    flops: Sourced  # achieved FLOP/s of one worker in a training step
+
+    def link(self, crosses_nodes: bool) -> Link:
+        return self.inter if crosses_nodes else self.intra
+
+    def to_dict(self) -> dict[str, Any]:
+        def sourced(s: Sourced) -> dict[str, Any]:
+            return {"value": s.value, "source": s.source}
+
+        return {
+            "name": self.name,
+            "description": self.description,
+            "ranks_per_node": self.ranks_per_node,
+            "cores_per_node": self.cores_per_node,
+            "intra": {"alpha": sourced(self.intra.alpha), "beta": sourced(self.intra.beta)},
+            "inter": {"alpha": sourced(self.inter.alpha), "beta": sourced(self.inter.beta)},
+            "gamma": sourced(self.gamma),
+            "flops": sourced(self.flops),
+        }
+
+
+def _field(data: dict[str, Any], path: str, where: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise TetherError(
+                f"profile {where}: missing field '{path}' (every profile needs name, description, "
+                "ranks_per_node, cores_per_node, intra/inter alpha and beta, gamma and flops; "
+                "see docs/performance.md)"
+            )
+        node = node[part]
+    return node
+
+
+def _sourced(data: dict[str, Any], path: str, where: str) -> Sourced:
+    entry = _field(data, path, where)
+    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
+        raise TetherError(
+            f'profile {where}: field \'{path}\' must be {{"value": number, "source": text}}'
+        )
+    value = entry["value"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TetherError(f"profile {where}: '{path}' must be a finite number, not {value!r}")
+    if value < 0:
+        raise TetherError(f"profile {where}: '{path}' must be >= 0, not {value}")
+    return Sourced(float(value), str(entry["source"]))
+
+
+def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareProfile:
+    """Build and validate a profile; a missing or malformed field is one-line TetherError."""
+    if not isinstance(data, dict):
+        raise TetherError(f"profile {where}: expected a JSON object")
+    counts = {}
+    for key in ("ranks_per_node", "cores_per_node"):
+        value = _field(data, key, where)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TetherError(f"profile {where}: '{key}' must be a whole number >= 0")
+        counts[key] = value
+    if counts["ranks_per_node"] < 1:
+        raise TetherError(f"profile {where}: 'ranks_per_node' must be at least 1")
+    flops = _sourced(data, "flops", where)
+    if flops.value <= 0:
+        raise TetherError(f"profile {where}: 'flops' must be > 0")
+    return HardwareProfile(
+        name=str(_field(data, "name", where)),
+        description=str(_field(data, "description", where)),
+        ranks_per_node=counts["ranks_per_node"],
+        cores_per_node=counts["cores_per_node"],
+        intra=Link(_sourced(data, "intra.alpha", where), _sourced(data, "intra.beta", where)),
+        inter=Link(_sourced(data, "inter.alpha", where), _sourced(data, "inter.beta", where)),
+        gamma=_sourced(data, "gamma", where),
+        flops=flops,
+    )
+
+
+def built_in_profiles() -> list[str]:
+    """The names of the profiles shipped with Tether."""
+    files = resources.files(BUILT_IN).iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A built-in profile by name, or a JSON file (``tether calibrate``'s output) by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise TetherError(f"profile file {path} not found (write one with `tether calibrate`)")
+        text = path.read_text()
+        where = str(path)
+    else:
+        names = built_in_profiles()
+        if name_or_path not in names:
+            raise TetherError(
+                f"unknown profile '{name_or_path}': give a JSON file or one of {', '.join(names)}"
+            )
+        text = resources.files(BUILT_IN).joinpath(f"{name_or_path}.json").read_text()
+        where = name_or_path
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TetherError(
+            f"profile {where}: not valid JSON ({exc.msg}, line {exc.lineno})"
+        ) from None
+    hardware = data.get("hardware", data) if isinstance(data, dict) else data
+    return profile_from_dict(hardware, where)

@@ -1,0 +1,154 @@
+"""A model's training step as data: per layer, its gradient's bytes, its FLOPs and, where it was
+timed, its forward and backward seconds; plus the optimizer update.
+
+Shi, Wang and Chu's DAG model of synchronous SGD (seed 004) needs exactly this per layer: when
+each gradient becomes ready in backward (``t_b``) and how large it is (the size of its
+all-reduce). ``tether calibrate`` times a model's layers on the running machine
+(:mod:`tether.bench.workload` measures; this module only holds the numbers). On another machine the
+times come from the counted FLOPs and the profile's achieved FLOP/s (backward = 2x forward, the
+usual count: one product for the input's gradient and one for the weight's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tether.errors import TetherError
+from tether.perf.profile import HardwareProfile
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer (a module with parameters of its own; ``(other)`` gathers what has none)."""
+
+    name: str
+    tensor_bytes: tuple[int, ...]  # each parameter tensor's gradient, in registration order
+    forward_flops: float  # at the workload's batch size
+    forward_s: float = 0.0  # measured; 0 where not timed
+    backward_s: float = 0.0  # from the previous layer's gradient being ready to this one's
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.tensor_bytes)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The inputs of the DAG model for one worker: per layer in forward order."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    tensor_bytes: tuple[tuple[int, ...], ...]
+    update_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.forward_s) + sum(self.backward_s) + self.update_s
+
+    @property
+    def layer_bytes(self) -> tuple[int, ...]:
+        return tuple(sum(t) for t in self.tensor_bytes)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(self.layer_bytes)
+
+    def slowed(self, factor: float) -> StepTimes:
+        """Every compute time times ``factor`` (workers sharing cores)."""
+        return StepTimes(
+            tuple(t * factor for t in self.forward_s),
+            tuple(t * factor for t in self.backward_s),
+            self.tensor_bytes,
+            self.update_s * factor,
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``layers`` in forward order at ``batch_size`` samples per worker. ``measured_on`` names the
+    profile whose machine timed the layers ("" when only FLOPs were counted)."""
+
+    model: str
+    batch_size: int
+    layers: tuple[LayerCost, ...]
+    update_s: float = 0.0
+    measured_on: str = ""
+
+    @property
+    def parameters_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(layer.forward_flops for layer in self.layers)
+
+    def at_batch(self, batch_size: int) -> Workload:
+        """The same model at another per-worker batch: compute scales with the batch (the
+        layers' work is per sample), the update does not."""
+        if batch_size < 1:
+            raise TetherError(f"batch size must be at least 1, not {batch_size}")
+        k = batch_size / self.batch_size
+        layers = tuple(
+            replace(
+                layer,
+                forward_flops=layer.forward_flops * k,
+                forward_s=layer.forward_s * k,
+                backward_s=layer.backward_s * k,
+            )
+            for layer in self.layers
+        )
+        return replace(self, batch_size=batch_size, layers=layers)
+
+    def step_times(self, profile: HardwareProfile) -> StepTimes:
+        """Measured times on the machine that measured them; elsewhere FLOPs / achieved FLOP/s,
+        and the update as a read of weights and gradient and a write of weights per byte
+        (three passes at the rate a reduction runs: ``3 * bytes * gamma``)."""
+        if self.measured_on and self.measured_on == profile.name:
+            return StepTimes(
+                tuple(layer.forward_s for layer in self.layers),
+                tuple(layer.backward_s for layer in self.layers),
+                tuple(layer.tensor_bytes for layer in self.layers),
+                self.update_s,
+            )
+        rate = profile.flops.value
+        return StepTimes(
+            tuple(layer.forward_flops / rate for layer in self.layers),
+            tuple(2 * layer.forward_flops / rate for layer in self.layers),
+            tuple(layer.tensor_bytes for layer in self.layers),
+            3 * self.parameters_bytes * profile.gamma.value,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "update_s": self.update_s,
+            "measured_on": self.measured_on,
+            "layers": [
+                {**vars(layer), "tensor_bytes": list(layer.tensor_bytes)} for layer in self.layers
+            ],
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], where: str = "(given)") -> Workload:
+        try:
+            layers = tuple(
+                LayerCost(
+                    name=str(item["name"]),
+                    tensor_bytes=tuple(int(b) for b in item["tensor_bytes"]),
+                    forward_flops=float(item["forward_flops"]),
+                    forward_s=float(item.get("forward_s", 0.0)),
+                    backward_s=float(item.get("backward_s", 0.0)),
+                )
+                for item in data["layers"]
+            )
+            return Workload(
+                model=str(data["model"]),
+                batch_size=int(data["batch_size"]),
+                layers=layers,
+                update_s=float(data.get("update_s", 0.0)),
+                measured_on=str(data.get("measured_on", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TetherError(f"workload {where}: malformed or missing field ({exc})") from None

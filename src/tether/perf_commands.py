@@ -1,0 +1,343 @@
+"""``tether calibrate``, ``tether predict`` and ``tether simulate``: the performance model on the
+command line. Names and import paths become objects here (the model, the data for its input
+shape, the profile); the work is :mod:`tether.perf`, :mod:`tether.bench.calibrate` and
+:mod:`tether.api.perf`. docs/performance.md explains the model and its validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tether.config import TrainConfig
+from tether.errors import TetherError
+
+MAX_SCALING_WORKERS = 4096
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers like 1,2,4, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected counts >= 1 like 1,2,4, got {text!r}")
+    return values
+
+
+def _stamp() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="lenet5", help="model name or module:factory")
+    parser.add_argument(
+        "--dataset",
+        default="fashion-mnist",
+        help="data set name or module:loader (gives the input shape and one batch)",
+    )
+    parser.add_argument("--data-dir", help="directory holding the data set's files")
+    parser.add_argument("--batch-size", type=int, default=64, help="per-worker batch (default 64)")
+    parser.add_argument("--threads-per-worker", type=int, default=1, help="threads (default 1)")
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    from tether.catalog import check_names
+
+    config = dataclasses.replace(
+        TrainConfig(),
+        model=args.model,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        batch_size=args.batch_size,
+        threads_per_worker=args.threads_per_worker,
+    )
+    check_names(config)
+    return config
+
+
+def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tuple[Any, float]:
+    """The configured model's training step on one batch of the configured data, timed."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tether.bench.calibrate import time_model
+    from tether.catalog import task_from_config
+
+    torch.manual_seed(config.seed)
+    task = task_from_config(config)
+    model = task.build_model()
+    loader = DataLoader(task.train_data, batch_size=config.batch_size, collate_fn=task.collate_fn)
+    inputs, targets = next(iter(loader))
+    params = model.parameters()
+    optimizer = (
+        task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    )
+    return time_model(
+        model,
+        inputs,
+        targets,
+        task.loss,
+        optimizer,
+        config.model,
+        profile_name,
+        max(1, config.threads_per_worker),
+        repeats,
+    )
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import socket
+
+    from tether.bench.calibrate import hardware_profile, measure_links, write_calibration
+
+    config = _config(args)
+    name = args.name or f"{socket.gethostname()}-calibrated"
+    out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
+    print(f"tether: timing {config.model} at batch {config.batch_size}", file=sys.stderr)
+    workload, step_s = _timed_workload(config, name, args.repeats)
+    print(
+        f"tether: timing native all-reduce on {args.workers} local ranks (about a minute)",
+        file=sys.stderr,
+    )
+    links = measure_links(args.workers, args.recalibrate, args.timeout)
+    profile = hardware_profile(name, links, workload, step_s, max(1, config.threads_per_worker))
+    write_calibration(out, profile, workload, {"all_reduce_points": links.points})
+    print(
+        f"alpha {links.alpha * 1e6:.1f} us, beta {links.beta * 1e9:.3f} ns/B "
+        f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
+        f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
+        f"{config.batch_size}, {profile.flops.value / 1e9:.2f} GFLOP/s achieved"
+    )
+    print(f"tether: wrote {out} (tether predict --profile {out})", file=sys.stderr)
+    return 0
+
+
+def _workload_for(args: argparse.Namespace, config: TrainConfig, profile_path: str):
+    """The profile file's own timed workload when it is of this model (any batch: scaled);
+    otherwise the model's FLOPs counted here (times from the profile's FLOP/s)."""
+    from tether.perf.workload import Workload
+
+    path = Path(profile_path)
+    if path.is_file():
+        data = json.loads(path.read_text())
+        stored = data.get("workload") if isinstance(data, dict) else None
+        if stored and stored.get("model") == config.model:
+            return Workload.from_dict(stored, str(path)).at_batch(config.batch_size)
+    workload, _ = _timed_workload(config, "", repeats=2)
+    return workload
+
+
+def _method_tau(method: str, given: int | None) -> int:
+    from tether.catalog import method_defaults
+
+    if given is not None:
+        return given
+    return int(method_defaults(method).get("tau", 1))
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from tether.api.perf import predict, predict_scaling
+    from tether.observe.perf_plots import plot_breakdown, plot_scaling
+    from tether.perf.predict import PREDICTED_METHODS
+    from tether.perf.profile import load_profile
+
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    for method in methods:  # before anything is loaded or timed
+        if method not in PREDICTED_METHODS:
+            raise TetherError(
+                f"no prediction for method '{method}': one of {', '.join(PREDICTED_METHODS)}"
+            )
+    config = _config(args)
+    profile = load_profile(args.profile)
+    workload = _workload_for(args, config, args.profile)
+    out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
+    settings: dict[str, Any] = {
+        "bucket_mb": args.bucket_mb,
+        "overlap": not args.no_overlap,
+        "allreduce": args.allreduce,
+        "ranks_per_node": args.ranks_per_node,
+        "threads_per_worker": config.threads_per_worker,
+    }
+    source = "timed layers" if workload.measured_on == profile.name else "counted FLOPs"
+    print(
+        f"{workload.model}, batch {workload.batch_size} per worker, "
+        f"{workload.parameters_bytes / 2**20:.2f} MiB of parameters, on profile {profile.name} "
+        f"({source})"
+    )
+    print(
+        f"{'method':<16}{'workers':>8}{'iter ms':>10}{'compute':>10}{'update':>9}"
+        f"{'exposed comm':>14}{'comm share':>12}{'samples/s':>12}"
+    )
+    rows, report = [], []
+    for method in methods:
+        tau = _method_tau(method, args.tau)
+        for p in args.workers:
+            pred = predict(workload, method, p, profile, tau=tau, **settings)
+            d = pred.to_dict()
+            report.append({**d, "tau": tau})
+            rows.append({**d, "label": f"{method} x{p}"})
+            print(
+                f"{method:<16}{p:>8}{pred.iteration_s * 1e3:>10.3f}"
+                f"{(pred.compute_s - pred.update_s) * 1e3:>10.3f}{pred.update_s * 1e3:>9.3f}"
+                f"{pred.exposed_comm_s * 1e3:>14.3f}{pred.comm_share:>11.1%}"
+                f"{pred.samples_per_s:>12.1f}"
+            )
+            if method == "sync-sgd":
+                print(
+                    f"{'':<16}naive {pred.details['naive_s'] * 1e3:.3f} ms, wait-free backprop "
+                    f"{pred.details['wfbp_s'] * 1e3:.3f} ms, MG-WFBP "
+                    f"{pred.details['mg_wfbp_s'] * 1e3:.3f} ms "
+                    f"({pred.details['mg_wfbp_messages']} messages); best --bucket-mb "
+                    f"{pred.details['recommended_bucket_mb']:g}"
+                )
+    result: dict[str, Any] = {
+        "profile": profile.to_dict(),
+        "workload": workload.to_dict(),
+        "predictions": report,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    plot_breakdown(rows, out / "breakdown.png", title=f"{workload.model} on {profile.name}")
+    if args.scaling:
+        counts = [
+            1 << k for k in range(args.max_workers.bit_length()) if 1 << k <= args.max_workers
+        ]
+        curves = {}
+        for method in methods:
+            curves[method] = predict_scaling(
+                workload,
+                method,
+                profile,
+                counts,
+                strong=args.scaling == "strong",
+                tau=_method_tau(method, args.tau),
+                **settings,
+            )
+        result["scaling"] = {"kind": args.scaling, "curves": curves}
+        plot_scaling(
+            curves,
+            out / "scaling.png",
+            title=f"{args.scaling} scaling of {workload.model} on {profile.name}",
+        )
+        for method, curve in curves.items():
+            last = curve[-1]
+            print(
+                f"{args.scaling} scaling, {method}: {last['workers']} workers at "
+                f"{last['efficiency']:.1%} efficiency ({last['samples_per_s']:.0f} samples/s)"
+            )
+    from tether.observe.files import atomic_write_json
+
+    atomic_write_json(out / "predict.json", result)
+    print(f"tether: wrote {out}/predict.json and the figures beside it", file=sys.stderr)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from tether.api.perf import simulate
+    from tether.observe.files import atomic_write_json
+    from tether.observe.perf_plots import plot_staleness
+
+    out = Path(args.out) if args.out else Path("runs") / f"simulate-{_stamp()}"
+    result = simulate(
+        args.method,
+        args.workers,
+        args.rounds,
+        args.step_ms / 1e3,
+        heterogeneity=args.heterogeneity,
+        jitter=args.jitter,
+        straggler_probability=args.straggler_probability,
+        straggler_slowdown=args.straggler_slowdown,
+        message_s=args.message_ms / 1e3,
+        service_s=args.service_ms / 1e3,
+        tau=_method_tau(args.method, args.tau),
+        seed=args.seed,
+    )
+    data = result.to_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "simulate.json", data)
+    plot_staleness(
+        result.staleness,
+        out / "staleness.png",
+        title=f"{args.method}, {args.workers} simulated workers",
+    )
+    print(
+        f"{args.method}: {args.workers} workers x {args.rounds} rounds in "
+        f"{result.elapsed_s:.3f} simulated s; {result.throughput_steps_s:.1f} steps/s, server "
+        f"utilisation {result.server_utilisation:.1%}, mean staleness {result.mean_staleness:.2f}"
+    )
+    print(f"tether: wrote {out}/simulate.json and staleness.png", file=sys.stderr)
+    return 0
+
+
+def add_perf_parsers(sub: Any) -> None:
+    """The three subcommands on the ``tether`` parser."""
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure this machine and a model into a profile for `tether predict`",
+        description="Time the model's training step layer by layer (forward, backward, update) "
+        "and the backend's all-reduce on local ranks; write a hardware profile with the timed "
+        "workload (JSON).",
+    )
+    _add_model_options(calibrate)
+    calibrate.add_argument("--workers", type=int, default=2, help="ranks for the links (2)")
+    calibrate.add_argument("--name", help="profile name (default: HOST-calibrated)")
+    calibrate.add_argument("--repeats", type=int, default=20, help="timed steps (default 20)")
+    calibrate.add_argument("--recalibrate", action="store_true", help="measure gamma again")
+    calibrate.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
+    calibrate.add_argument("--out", metavar="FILE", help="default runs/calibrate-TIME/profile.json")
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    predict = sub.add_parser(
+        "predict",
+        help="predict iteration time and scaling of a method on a hardware profile",
+        description="The DAG model of one iteration (wait-free backprop, fusion buckets, "
+        "MG-WFBP) and each method's communication, on a built-in profile or one written by "
+        "`tether calibrate`. Writes OUT/predict.json, breakdown.png and (--scaling) "
+        "scaling.png.",
+    )
+    _add_model_options(predict)
+    predict.add_argument("--method", default="sync-sgd", help="method(s), comma-separated")
+    predict.add_argument(
+        "--workers", type=_int_list, default=[1, 2, 4], help="worker counts (default 1,2,4)"
+    )
+    predict.add_argument("--profile", default="vm-2cores", help="built-in name or JSON file")
+    predict.add_argument("--tau", type=int, help="steps per round (default: the method's)")
+    predict.add_argument("--bucket-mb", type=float, default=1.0, help="fusion bucket (MiB)")
+    predict.add_argument("--allreduce", default="native", help="all-reduce algorithm")
+    predict.add_argument("--no-overlap", action="store_true", help="communication not overlapped")
+    predict.add_argument("--ranks-per-node", type=int, default=0, help="default: the profile's")
+    predict.add_argument("--scaling", choices=("weak", "strong"), help="also the scaling curve")
+    predict.add_argument(
+        "--max-workers", type=int, default=MAX_SCALING_WORKERS, help="scaling curve's end (4096)"
+    )
+    predict.add_argument("--out", metavar="DIR", help="default runs/predict-TIME")
+    predict.set_defaults(func=cmd_predict)
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="simulate asynchronous and round-robin methods with stragglers",
+        description="Discrete-event simulation of workers and a parameter server: throughput, "
+        "staleness distribution, server utilisation. Writes OUT/simulate.json and "
+        "staleness.png.",
+    )
+    simulate.add_argument("--method", default="async-sgd", help="a server or Hogwild method")
+    simulate.add_argument("--workers", type=int, default=64, help="simulated workers (64)")
+    simulate.add_argument("--rounds", type=int, default=1000, help="exchanges per worker")
+    simulate.add_argument("--step-ms", type=float, default=10.0, help="mean local step (ms)")
+    simulate.add_argument("--message-ms", type=float, default=0.5, help="one message (ms)")
+    simulate.add_argument("--service-ms", type=float, default=0.1, help="server per exchange")
+    simulate.add_argument("--tau", type=int, help="local steps per exchange (method's default)")
+    simulate.add_argument("--heterogeneity", type=float, default=0.0, help="speed spread sigma")
+    simulate.add_argument("--jitter", type=float, default=0.0, help="per-step spread sigma")
+    simulate.add_argument("--straggler-probability", type=float, default=0.0, help="per step")
+    simulate.add_argument("--straggler-slowdown", type=float, default=1.0, help="x slower")
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--out", metavar="DIR", help="default runs/simulate-TIME")
+    simulate.set_defaults(func=cmd_simulate)

@@ -1,0 +1,163 @@
+"""The performance model's formulas: collective closed forms against the collectives' own
+schedules, the DAG model against hand-computed cases and its invariants, MG-WFBP, the fusion
+layout's bucket times, and hardware profiles as validated data."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tether.comm.collectives.binomial import binomial_all_reduce
+from tether.comm.collectives.halving_doubling import halving_doubling_all_reduce
+from tether.comm.collectives.hierarchical import hierarchical_all_reduce
+from tether.comm.collectives.naive import naive_all_reduce
+from tether.comm.collectives.recursive_doubling import recursive_doubling_all_reduce
+from tether.comm.collectives.ring import ring_all_reduce
+from tether.comm.collectives.schedule import NodeLinks, cost
+from tether.errors import TetherError
+from tether.perf import dag
+from tether.perf.collective_cost import Links, all_reduce_time, best_all_reduce
+from tether.perf.profile import built_in_profiles, load_profile, profile_from_dict
+
+A, B, G = 3e-5, 1e-9, 2e-10
+IA, IB = 4e-4, 6e-9
+
+SCHEDULES = {
+    "ring": ring_all_reduce,
+    "halving-doubling": halving_doubling_all_reduce,
+    "recursive-doubling": recursive_doubling_all_reduce,
+    "binomial": binomial_all_reduce,
+    "naive": naive_all_reduce,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_closed_forms_equal_the_schedules_on_one_node(name: str) -> None:
+    links = Links(A, B, G, IA, IB, ranks_per_node=64)
+    for world in range(2, 17):
+        for n in (4.0, 1e5, 3e8):
+            expected = cost(SCHEDULES[name](world), n, A, B, G)
+            assert all_reduce_time(name, world, n, links) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("world", "per_node"), [(4, 2), (8, 2), (8, 4), (16, 4), (12, 3)])
+def test_closed_forms_equal_the_schedules_across_nodes(world: int, per_node: int) -> None:
+    links = Links(A, B, G, IA, IB, ranks_per_node=per_node)
+    node_links = NodeLinks(per_node, IA, IB)
+    for n in (4.0, 1e5, 3e8):
+        ring = cost(ring_all_reduce(world), n, A, B, G, node_links)
+        assert all_reduce_time("ring", world, n, links) == pytest.approx(ring, rel=1e-12)
+        hier = cost(hierarchical_all_reduce(world, per_node), n, A, B, G, node_links)
+        assert all_reduce_time("hierarchical", world, n, links) == pytest.approx(hier, rel=1e-12)
+    # large messages: the hierarchical algorithm moves 1/G of the bytes across nodes
+    assert all_reduce_time("hierarchical", world, 3e8, links) < all_reduce_time(
+        "ring", world, 3e8, links
+    )
+
+
+def test_edge_cases_and_the_best_algorithm() -> None:
+    links = Links(A, B, G, IA, IB, ranks_per_node=8)
+    assert all_reduce_time("ring", 1, 1e6, links) == 0.0
+    assert all_reduce_time("native", 8, 1e6, links) == all_reduce_time("ring", 8, 1e6, links)
+    small, _ = best_all_reduce(8, 4.0, links)
+    large, _ = best_all_reduce(8, 1e9, links)
+    assert small == "recursive-doubling"  # log2(P) start-ups instead of 2(P-1)
+    assert large in ("ring", "halving-doubling")  # the bandwidth lower bound
+    with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
+        all_reduce_time("spiral", 4, 1.0, links)
+
+
+def test_wfbp_by_hand() -> None:
+    # 3 layers, forward order; backward runs 3, 2, 1
+    t_f, t_b, t_c, t_u = 1.0, [2.0, 1.0, 1.0], [1.0, 3.0, 0.5], 0.5
+    # tau_b = [2, 1, 0]; tau_c(3) = 1; tau_c(2) = max(1 + 0.5, 1 + 1) = 2;
+    # tau_c(1) = max(2 + 3, 2 + 2) = 5; T = 1 + 5 + 1 + 0.5
+    assert dag.comm_starts(t_b, t_c) == [5.0, 2.0, 1.0]
+    it = dag.wfbp(t_f, t_b, t_c, t_u)
+    assert it.total_s == 7.5
+    assert it.compute_s == 5.5 and it.exposed_comm_s == 2.0 and it.comm_s == 4.5
+    assert dag.naive(t_f, t_b, t_c, t_u).total_s == 10.0
+
+
+def test_wfbp_invariants_on_random_cases() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        layers = rng.randint(1, 12)
+        t_b = [rng.uniform(0, 2) for _ in range(layers)]
+        t_c = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(layers)]
+        t_f, t_u = rng.uniform(0, 2), rng.uniform(0, 1)
+        total = dag.wfbp(t_f, t_b, t_c, t_u).total_s
+        assert t_f + sum(t_b) + t_c[0] + t_u <= total + 1e-12
+        assert total <= dag.naive(t_f, t_b, t_c, t_u).total_s + 1e-12
+        zero = dag.wfbp(t_f, t_b, [0.0] * layers, t_u)
+        assert zero.total_s == pytest.approx(t_f + sum(t_b) + t_u)  # no comm: the compute
+
+
+def test_mg_wfbp_never_predicts_more_than_wfbp_and_merges_small_layers() -> None:
+    rng = random.Random(1)
+    alpha, beta = 1e-3, 1e-9
+
+    def comm(n: float) -> float:
+        return alpha + n * beta
+
+    for _ in range(200):
+        layers = rng.randint(1, 10)
+        t_b = [rng.uniform(0, 3e-3) for _ in range(layers)]
+        sizes = [rng.choice([400, 4_000, 400_000, 4_000_000]) for _ in range(layers)]
+        plain = dag.wfbp(0.01, t_b, [comm(s) for s in sizes], 1e-3).total_s
+        merged = dag.mg_wfbp(0.01, t_b, sizes, 1e-3, comm, alpha)
+        assert merged.iteration.total_s <= plain + 1e-15
+        assert sorted(i for g in merged.groups for i in g) == list(range(layers))
+    # ten tiny layers whose backward is far shorter than a start-up: one message
+    merged = dag.mg_wfbp(0.01, [1e-6] * 10, [400] * 10, 0.0, comm, alpha)
+    assert merged.groups == (tuple(range(10)),)
+    assert merged.iteration.total_s == pytest.approx(0.01 + 10e-6 + comm(4000))
+
+
+def test_bucket_comm_follows_the_fusion_layout() -> None:
+    def comm(n: float) -> float:
+        return n  # seconds = bytes: the buckets' sizes are visible
+
+    sizes = [(100, 4), (300,), (50, 50)]  # three layers, forward order
+    # reverse layout: layer 3 (100 bytes) then layer 2 (300) then layer 1 (104); buckets of 150:
+    # [0,150) ends in layer 2, [150,300) in layer 2, [300,450) in layer 1, [450,504) in layer 1
+    assert dag.bucket_comm(sizes, 150, comm) == [150 + 54, 150 + 150, 0.0]
+    assert dag.bucket_comm(sizes, 1e9, comm) == [504, 0.0, 0.0]  # one bucket: the first layer
+    assert dag.bucket_comm(sizes, None, comm) == [104, 300, 100]  # one message per tensor
+
+
+def test_built_in_profiles_load_and_every_number_has_a_source() -> None:
+    names = built_in_profiles()
+    for expected in ("vm-2cores", "10gbe-cluster", "ib56-cluster", "k80-8gpu-pcie", "p40-cluster"):
+        assert expected in names
+    for name in names:
+        profile = load_profile(name)
+        data = profile.to_dict()
+        assert profile_from_dict(data) == profile  # the JSON form round-trips
+        for sourced in (profile.gamma, profile.flops, profile.intra.alpha, profile.inter.beta):
+            assert sourced.source.strip()
+    ten = load_profile("10gbe-cluster")
+    assert (ten.inter.alpha.value, ten.inter.beta.value) == (9.08e-4, 7.40e-10)
+    ib = load_profile("ib56-cluster")
+    assert (ib.inter.alpha.value, ib.inter.beta.value) == (2.36e-4, 4.06e-10)
+
+
+def test_a_profile_missing_a_field_is_a_one_line_error(tmp_path) -> None:
+    data = load_profile("ib56-cluster").to_dict()
+    del data["inter"]["beta"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TetherError, match=r"missing field 'inter.beta'") as info:
+        load_profile(str(path))
+    assert "\n" not in str(info.value)
+    data = load_profile("ib56-cluster").to_dict()
+    data["flops"] = {"value": "fast", "source": "x"}
+    with pytest.raises(TetherError, match="'flops' must be a finite number"):
+        profile_from_dict(data)
+    with pytest.raises(TetherError, match="unknown profile 'nope'"):
+        load_profile("nope")
+    path.write_text("{not json")
+    with pytest.raises(TetherError, match="not valid JSON"):
+        load_profile(str(path))

@@ -1,0 +1,167 @@
+"""Each method's predicted iteration against a hand-computed case, the compute slowdown of shared
+cores, scaling curves, the FLOP path, and timing a user's model layer by layer."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tether.api.perf import predict, predict_scaling, time_model
+from tether.errors import TetherError
+from tether.perf.collective_cost import Links, all_reduce_time
+from tether.perf.profile import profile_from_dict
+from tether.perf.workload import LayerCost, Workload
+
+A, B, G = 1e-4, 1e-9, 1e-10
+
+
+def _profile(cores: int = 0, per_node: int = 64) -> dict:
+    def s(v: float) -> dict:
+        return {"value": v, "source": "test"}
+
+    return {
+        "name": "test",
+        "description": "hand-made",
+        "ranks_per_node": per_node,
+        "cores_per_node": cores,
+        "intra": {"alpha": s(A), "beta": s(B)},
+        "inter": {"alpha": s(10 * A), "beta": s(10 * B)},
+        "gamma": s(G),
+        "flops": s(1e9),
+    }
+
+
+PROFILE = profile_from_dict(_profile())
+# three layers (forward order): times in seconds, gradients in bytes
+WORKLOAD = Workload(
+    model="toy",
+    batch_size=32,
+    layers=(
+        LayerCost("a", (400_000, 400), 1e6, forward_s=0.002, backward_s=0.004),
+        LayerCost("b", (4_000_000, 4_000), 2e6, forward_s=0.001, backward_s=0.002),
+        LayerCost("c", (40_000,), 1e5, forward_s=0.0005, backward_s=0.001),
+    ),
+    update_s=0.0005,
+    measured_on="test",
+)
+COMPUTE = 0.0035 + 0.007 + 0.0005
+MODEL_BYTES = 400_000 + 400 + 4_000_000 + 4_000 + 40_000
+
+
+def ring(p: int, n: float) -> float:
+    return 2 * (p - 1) * A + 2 * (p - 1) / p * n * B + (p - 1) / p * n * G
+
+
+def test_sync_sgd_naive_per_tensor_by_hand() -> None:
+    pred = predict(WORKLOAD, "sync-sgd", 4, PROFILE, bucket_mb=0, overlap=False)
+    sizes = (400_000, 400, 4_000_000, 4_000, 40_000)
+    assert pred.iteration_s == pytest.approx(COMPUTE + sum(ring(4, n) for n in sizes))
+    assert pred.compute_s == pytest.approx(COMPUTE)
+    assert pred.exposed_comm_s == pytest.approx(sum(ring(4, n) for n in sizes))
+    # overlapped, one bucket per layer or finer: never slower, never below the compute
+    wfbp = predict(WORKLOAD, "sync-sgd", 4, PROFILE, bucket_mb=0, overlap=True)
+    assert COMPUTE < wfbp.iteration_s < pred.iteration_s
+    assert wfbp.details["mg_wfbp_s"] <= wfbp.details["wfbp_s"] + 1e-15
+    assert wfbp.details["recommended_s"] <= wfbp.iteration_s + 1e-15
+    one = predict(WORKLOAD, "sync-sgd", 1, PROFILE)
+    assert one.iteration_s == pytest.approx(COMPUTE) and one.comm_share == 0.0
+
+
+def test_round_methods_by_hand() -> None:
+    t = ring(4, MODEL_BYTES)
+    local = predict(WORKLOAD, "local-sgd", 4, PROFILE, tau=4)
+    assert local.iteration_s == pytest.approx(COMPUTE + t / 4)
+    # sync-easgd: the round (all-reduce + three passes of the elastic move) hides under the next
+    # tau steps; with tau = 1 and a slow link it cannot
+    hidden = predict(WORKLOAD, "sync-easgd", 4, PROFILE, tau=4)
+    assert hidden.iteration_s == pytest.approx(COMPUTE)
+    slow = profile_from_dict(
+        {
+            **_profile(),
+            "intra": {
+                "alpha": {"value": 0.01, "source": "t"},
+                "beta": {"value": 1e-8, "source": "t"},
+            },
+        }
+    )
+    exposed = predict(WORKLOAD, "sync-easgd", 4, slow, tau=1)
+    round_s = all_reduce_time("ring", 4, MODEL_BYTES, Links(0.01, 1e-8, G, 1e-3, 1e-8, 64))
+    round_s += 3 * MODEL_BYTES * G
+    assert exposed.iteration_s == pytest.approx(COMPUTE + round_s - COMPUTE)
+    no_overlap = predict(WORKLOAD, "sync-easgd", 4, slow, tau=1, overlap=False)
+    assert no_overlap.iteration_s == pytest.approx(COMPUTE + round_s)
+
+
+def test_server_methods_by_hand() -> None:
+    m = A + MODEL_BYTES * B
+    service = 3 * MODEL_BYTES * G + A
+    p, tau = 8, 4
+    original = predict(WORKLOAD, "original-easgd", p, PROFILE, tau=tau)
+    cycle = max(tau * COMPUTE + 2 * m + service, p * (2 * m + service))
+    assert original.iteration_s == pytest.approx(cycle / tau, rel=1e-9)
+    service_sgd = 2 * MODEL_BYTES * G + A
+    async_sgd = predict(WORKLOAD, "async-sgd", p, PROFILE)
+    # steady state: the server bounds the rate at one update per service time
+    per_step = max(COMPUTE + 2 * m + service_sgd, p * service_sgd)
+    assert async_sgd.iteration_s == pytest.approx(per_step, rel=1e-9)
+    hogwild = predict(WORKLOAD, "hogwild-sgd", p, PROFILE)
+    assert hogwild.iteration_s == pytest.approx(COMPUTE + 2 * MODEL_BYTES * G, rel=1e-9)
+
+
+def test_shared_cores_slow_the_compute_and_stop_the_overlap() -> None:
+    two_cores = profile_from_dict(_profile(cores=2))
+    four = predict(WORKLOAD, "local-sgd", 4, two_cores, tau=4)
+    assert four.details["compute_slowdown"] == 2.0
+    assert four.compute_s == pytest.approx(2 * COMPUTE)
+    server = predict(WORKLOAD, "async-sgd", 4, two_cores)
+    assert server.details["compute_slowdown"] == 2.5  # the server takes a core too
+    easgd = predict(WORKLOAD, "sync-easgd", 4, two_cores, tau=4)
+    assert easgd.details["overlap_effective"] is False
+    assert easgd.exposed_comm_s > 0
+
+
+def test_scaling_curves() -> None:
+    counts = [1, 2, 4, 8, 16, 32, 64, 128]
+    weak = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, counts)
+    assert weak[0]["efficiency"] == pytest.approx(1.0)
+    assert all(r["batch_size"] == 32 for r in weak)
+    effs = [r["efficiency"] for r in weak]
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(effs))
+    strong = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, counts, strong=True)
+    assert [r["batch_size"] for r in strong][:3] == [32, 16, 8]
+    assert strong[-1]["efficiency"] < weak[-1]["efficiency"]  # less compute to hide behind
+    with pytest.raises(TetherError, match="unknown setting"):
+        predict(WORKLOAD, "sync-sgd", 2, PROFILE, bucket=3)
+    with pytest.raises(TetherError, match="no prediction for method"):
+        predict(WORKLOAD, "sync-magic", 2, PROFILE)
+
+
+def test_counted_flops_predict_on_another_profile() -> None:
+    other = profile_from_dict({**_profile(), "name": "elsewhere"})
+    pred = predict(WORKLOAD, "sync-sgd", 1, other)
+    flops = 1e6 + 2e6 + 1e5
+    update = 3 * MODEL_BYTES * G
+    assert pred.iteration_s == pytest.approx(3 * flops / 1e9 + update)
+    doubled = predict(WORKLOAD.at_batch(64), "sync-sgd", 1, other)
+    assert doubled.compute_s - doubled.update_s == pytest.approx(2 * (pred.compute_s - update))
+
+
+def test_time_model_measures_a_user_model() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 3))
+    x, y = torch.randn(16, 20), torch.randint(0, 3, (16,))
+    workload = time_model(net, x, y, F.cross_entropy, name="mlp", repeats=3)
+    names = [layer.name for layer in workload.layers]
+    assert names == ["0", "2", "(other)"]
+    assert workload.layers[0].tensor_bytes == (20 * 64 * 4, 64 * 4)
+    assert workload.layers[0].forward_flops == 2 * 16 * 20 * 64  # torch's count of the matmul
+    assert workload.layers[1].forward_flops == 2 * 16 * 64 * 3
+    assert all(layer.forward_s >= 0 and layer.backward_s >= 0 for layer in workload.layers)
+    assert workload.layers[0].forward_s > 0 and workload.update_s > 0
+    assert workload.batch_size == 16
+    back = Workload.from_dict(workload.to_dict())
+    assert back == workload
