@@ -136,8 +136,9 @@ class TrainConfig:
     tau: int = 1
     # async-sgd/msgd: drop gradients computed on weights more than this many updates old.
     staleness_bound: int | None = None
-    # sync-easgd co-design switches (SC17 section 5): overlap the round's all-reduce with the
-    # next local steps; send all layers as one flat message (False: one message per layer).
+    # Co-design switches (SC17 section 5): overlap communication with computation (sync-easgd:
+    # the round's all-reduce with the next local steps; sync-sgd: each bucket's all-reduce with
+    # the rest of backward); sync-easgd sends all layers as one flat message (False: per layer).
     overlap: bool = True
     single_message: bool = True
     # Set by `--resume DIR`: continue the run whose checkpoint is in DIR (and write there).

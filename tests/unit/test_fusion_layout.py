@@ -27,3 +27,38 @@ def test_bucket_elements_from_megabytes() -> None:
     assert bucket_elements(1.0, 4) == 262144
     assert bucket_elements(None, 4) is None
     assert bucket_elements(1e-9, 4) == 1
+
+
+class _RecordingReducer:
+    """Records which buckets were launched, and when: during backward or at finish()."""
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[int, str]] = []
+        self.phase = "backward"
+
+    def start(self, chunk, average: bool):
+        from tether.comm.reducer import PendingReduce
+
+        self.launched.append((chunk.numel(), self.phase))
+        return PendingReduce(tensor=chunk, wire=chunk, done=True)
+
+
+def test_buckets_launch_during_backward_only_when_overlapping() -> None:
+    import torch
+    from torch import nn
+
+    from tether.comm.fusion import GradientBucketer
+
+    for overlap, phase in ((True, "backward"), (False, "finish")):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        reducer = _RecordingReducer()
+        bucketer = GradientBucketer(list(net.parameters()), reducer, 1e-4, overlap=overlap)
+        net(torch.randn(3, 8)).sum().backward()
+        reducer.phase = "finish"
+        bucketer.finish()
+        sizes = [size for size, _ in reducer.launched]
+        assert sum(sizes) == sum(p.numel() for p in net.parameters())  # every bucket, once
+        assert len(sizes) > 2
+        # overlapping: every bucket that backward filled was sent during backward
+        assert {when for _, when in reducer.launched} == {phase}

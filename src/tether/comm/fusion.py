@@ -91,6 +91,7 @@ class GradientBucketer:
         params: Sequence[nn.Parameter],
         reducer: AllReducer,
         bucket_mb: float | None,
+        overlap: bool = True,
     ) -> None:
         self.params = list(reversed([p for p in params if p.requires_grad]))
         self.reducer = reducer
@@ -114,6 +115,9 @@ class GradientBucketer:
         # False while gradients accumulate over several backward passes before one update:
         # nothing is launched until the pass that ends the accumulation.
         self.enabled = True
+        # False: nothing is launched during backward; finish() sends every bucket after it
+        # (the no-overlap baseline of Shi and Chu's DAG model, T_naive)
+        self.overlap = overlap
         self.zero_grad()
         self._arm()
 
@@ -144,7 +148,7 @@ class GradientBucketer:
             assert param.grad is not None
             view.copy_(param.grad)
             param.grad = view
-        if not self.enabled:
+        if not (self.enabled and self.overlap):
             return
         for b in self._buckets_of_param[index]:
             self._remaining[b] -= 1

@@ -41,7 +41,7 @@ class SyncSGD(BucketedGradients):
     name = "sync-sgd"
     defaults = {"lr": 0.1}
     local_step_name = "sgd"
-    settings = REDUCER_SETTINGS | {"bucket_mb", "momentum"}
+    settings = REDUCER_SETTINGS | {"bucket_mb", "momentum", "overlap"}
     bucketer: GradientBucketer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
@@ -49,7 +49,10 @@ class SyncSGD(BucketedGradients):
         self.reducer = run_reducer(self.context)
         self.rounds = 0
         self.bucketer = GradientBucketer(
-            list(self.model.parameters()), self.reducer, self.config.bucket_mb or None
+            list(self.model.parameters()),
+            self.reducer,
+            self.config.bucket_mb or None,
+            overlap=self.config.overlap,
         )
 
     def start(self, step: int = 0) -> None:
