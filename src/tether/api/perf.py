@@ -15,6 +15,7 @@ simulate``) is a thin layer over the same functions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,12 +44,15 @@ def time_model(
     threads: int = 1,
     repeats: int = 20,
     profile_name: str = HERE,
+    data_s: float = 0.0,
 ) -> Workload:
     """Time ``model``'s training step on one batch, layer by layer, on this machine.
 
     ``optimizer`` defaults to momentum SGD over the model's parameters. The result predicts
     with measured times on the profile named ``profile_name`` (a profile written by ``tether
-    calibrate`` for this machine), and with its counted FLOPs on any other."""
+    calibrate`` for this machine), and with its counted FLOPs on any other. ``data_s``: what
+    your training loop adds per step beyond the model's step (loading the batch, logging), if
+    you know it (``tether calibrate`` measures it by running the trainer)."""
     from tether.bench.calibrate import time_model as timed
 
     if not isinstance(model, nn.Module):
@@ -65,7 +69,7 @@ def time_model(
         threads,
         repeats,
     )
-    return workload
+    return dataclasses.replace(workload, data_s=data_s)
 
 
 def _profile(profile: str | HardwareProfile) -> HardwareProfile:

@@ -137,6 +137,28 @@ def time_model(
     return workload, step + workload.update_s
 
 
+def trainer_step_s(train_argv: list[str], short: int, long: int, scratch: Path) -> float:
+    """Seconds per step of ``tether train`` with ``train_argv`` on ONE worker (no
+    communication): two runs of ``short`` and ``long`` steps, differenced, so that start-up and
+    the final evaluation cancel."""
+    import subprocess
+    import sys
+
+    walls = []
+    for steps in (short, long):
+        out = scratch / f"train-{steps}"
+        command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", "1"]
+        command += ["--method", "sync-sgd", "--steps", str(steps), "--eval-every", "1000000000"]
+        result = subprocess.run(
+            [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            lines = (result.stderr or "").strip().splitlines()
+            raise TetherError(f"timing the trainer failed: {lines[-1] if lines else 'no message'}")
+        walls.append(float(json.loads((out / "summary.json").read_text())["wall_time_s"]))
+    return max(0.0, (walls[1] - walls[0]) / (long - short))
+
+
 def write_calibration(
     path: Path, profile: HardwareProfile, workload: Workload, extra: dict
 ) -> None:

@@ -113,7 +113,18 @@ def measure_workload(
         for hook in hooks:
             hook.remove()
     batch = int(inputs.shape[0]) if hasattr(inputs, "shape") else 1
-    forward_medians = {n: statistics.median(forward[n][-repeats:]) for n in names}
+    # The hooks cost time of their own (a tenth of LeNet-5's step): they give each layer's share,
+    # and the totals come from the same steps timed without them.
+    clean_forward, clean_backward, clean_update = _clean_step(
+        model, inputs, targets, loss, optimizer, repeats
+    )
+    hooked_forward = statistics.median(total_forward)
+    forward_medians = {
+        n: statistics.median(forward[n][-repeats:]) * clean_forward / hooked_forward for n in names
+    }
+    backward_medians = {n: statistics.median(backward[n]) for n in names}
+    hooked_backward = sum(backward_medians.values())
+    scale = clean_backward / hooked_backward if hooked_backward > 0 else 0.0
     module_of = dict(layers)
     costs = [
         LayerCost(
@@ -125,16 +136,42 @@ def measure_workload(
             ),
             forward_flops=flops[n],
             forward_s=forward_medians[n],
-            backward_s=statistics.median(backward[n]),
+            backward_s=backward_medians[n] * scale,
         )
         for n in names
     ]
-    other = max(0.0, statistics.median(total_forward) - sum(forward_medians.values()))
+    other = max(0.0, clean_forward - sum(forward_medians.values()))
     costs.append(LayerCost(OTHER, (), flops[OTHER], other, 0.0))
+    del update  # the hooks do not touch the update: its clean time is the one kept
     return Workload(
         model=name,
         batch_size=batch,
         layers=tuple(costs),
-        update_s=statistics.median(update),
+        update_s=clean_update,
         measured_on=measured_on,
     )
+
+
+def _clean_step(
+    model: nn.Module,
+    inputs: Any,
+    targets: Any,
+    loss: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    repeats: int,
+) -> tuple[float, float, float]:
+    """Median forward (with the loss), backward and update seconds of steps without hooks."""
+    times: list[tuple[float, float, float]] = []
+    for i in range(repeats + 1):
+        optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        value = loss(model(inputs), targets)
+        t1 = time.perf_counter()
+        value.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        if i:  # the first is a warm-up
+            times.append((t1 - t0, t2 - t1, t3 - t2))
+    forward, backward, update = (statistics.median(column) for column in zip(*times, strict=True))
+    return forward, backward, update

@@ -131,7 +131,7 @@ def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> di
     def comm(n: float) -> float:
         return all_reduce_time(setup.allreduce, p, n, links)
 
-    t_f = sum(steps.forward_s)
+    t_f = steps.data_s + sum(steps.forward_s)
 
     def iteration(bucket_mb: float, overlapped: bool) -> dag.Iteration:
         t_c = dag.bucket_comm(steps.tensor_bytes, bucket_mb * MIB if bucket_mb else None, comm)

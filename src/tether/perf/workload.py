@@ -41,10 +41,12 @@ class StepTimes:
     backward_s: tuple[float, ...]
     tensor_bytes: tuple[tuple[int, ...], ...]
     update_s: float
+    data_s: float = 0.0  # the DAG's t_data: the batch and the training loop's own work
 
     @property
     def compute_s(self) -> float:
-        return sum(self.forward_s) + sum(self.backward_s) + self.update_s
+        """A worker's own work per step: data, forward, backward, update."""
+        return self.data_s + sum(self.forward_s) + sum(self.backward_s) + self.update_s
 
     @property
     def layer_bytes(self) -> tuple[int, ...]:
@@ -61,6 +63,7 @@ class StepTimes:
             tuple(t * factor for t in self.backward_s),
             self.tensor_bytes,
             self.update_s * factor,
+            self.data_s * factor,
         )
 
 
@@ -74,6 +77,10 @@ class Workload:
     layers: tuple[LayerCost, ...]
     update_s: float = 0.0
     measured_on: str = ""
+    # per step outside the model's own step (the batch, the training loop's bookkeeping),
+    # measured by running the trainer on one worker (tether calibrate); on the measuring
+    # machine only, like the layer times
+    data_s: float = 0.0
 
     @property
     def parameters_bytes(self) -> int:
@@ -98,6 +105,7 @@ class Workload:
             )
             for layer in self.layers
         )
+        # data_s stays: at these sizes it is mostly the loop's fixed cost per step
         return replace(self, batch_size=batch_size, layers=layers)
 
     def step_times(self, profile: HardwareProfile) -> StepTimes:
@@ -110,6 +118,7 @@ class Workload:
                 tuple(layer.backward_s for layer in self.layers),
                 tuple(layer.tensor_bytes for layer in self.layers),
                 self.update_s,
+                self.data_s,
             )
         rate = profile.flops.value
         return StepTimes(
@@ -124,6 +133,7 @@ class Workload:
             "model": self.model,
             "batch_size": self.batch_size,
             "update_s": self.update_s,
+            "data_s": self.data_s,
             "measured_on": self.measured_on,
             "layers": [
                 {**vars(layer), "tensor_bytes": list(layer.tensor_bytes)} for layer in self.layers
@@ -149,6 +159,7 @@ class Workload:
                 layers=layers,
                 update_s=float(data.get("update_s", 0.0)),
                 measured_on=str(data.get("measured_on", "")),
+                data_s=float(data.get("data_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise TetherError(f"workload {where}: malformed or missing field ({exc})") from None

@@ -1,0 +1,325 @@
+"""The performance model against measurements on this machine: predicted vs measured iteration time.
+
+Part ``iterations``. Each model is first calibrated (``tether calibrate``: its layers timed, the
+links fitted to native all-reduce on 2 ranks); then for each method variant and worker count the
+model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
+the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model):
+the difference of two runs of N1 and N2 steps, (wall(N2) - wall(N1)) / (N2 - N1), so start-up,
+the first step and the final evaluation cancel. The one-worker sync-sgd cell is where the
+calibration measures the training loop's cost per step (data, bookkeeping): shown, not counted. Cells run in a shuffled order, ``--repeats``
+passes; the table gives the median measured time, its range, and the error of the prediction
+against the median. Models: LeNet-5 (0.24 MiB of parameters), the 4.8M-parameter CNN (18 MiB), and
+a user-defined MLP on scikit-learn's digits through the Python API (1.2 MiB).
+
+Part ``collectives``. ``tether bench comm`` times every all-reduce algorithm at 4 KiB - 16 MiB on
+2 and 4 ranks; the model prices each (our algorithms with the calibration's alpha, beta, gamma,
+which ``bench comm`` reports; native with the profile's fit of native times).
+
+    .venv/bin/python benchmarks/bench_perf_model.py --part iterations   # ~25 min on 2 cores
+    .venv/bin/python benchmarks/bench_perf_model.py --part collectives  # ~6 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import tether
+from _common import ForeignLoad, machine, tether_command, write_part_result
+from tether.catalog import method_defaults
+from tether.perf.collective_cost import Links, all_reduce_time
+from tether.perf.profile import load_profile
+from tether.perf.workload import Workload
+
+# (label, method, settings): the same keys go to `tether train --set` and to tether.predict
+VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("sync-sgd", "sync-sgd", {"bucket_mb": 1.0}),
+    ("sync-sgd unfused", "sync-sgd", {"bucket_mb": 0.0}),
+    ("sync-sgd no overlap", "sync-sgd", {"bucket_mb": 1.0, "overlap": False}),
+    ("sync-easgd", "sync-easgd", {}),
+    ("original-easgd", "original-easgd", {}),
+    ("local-sgd", "local-sgd", {}),
+    ("async-sgd", "async-sgd", {}),
+]
+STEPS = {"lenet5": (20, 120), "cnn": (4, 24), "user-mlp": (20, 220)}
+BATCH = 64
+
+
+def user_mlp() -> nn.Module:
+    """The user's own model: a plain MLP on 8x8 digit images."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 512),
+        nn.ReLU(),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
+    )
+
+
+def user_data() -> TensorDataset:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    return TensorDataset(x, torch.tensor(digits.target, dtype=torch.int64))
+
+
+def _train_flags(options: dict[str, Any]) -> list[str]:
+    flags = []
+    for key, value in options.items():
+        flags += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    return flags
+
+
+def measure_cli(
+    model: str, method: str, workers: int, steps: int, options: dict, out: Path
+) -> float:
+    command = [*tether_command(), "train", "--model", model, "--method", method]
+    command += ["--workers", str(workers), "--steps", str(steps), "--batch-size", str(BATCH)]
+    command += ["--eval-every", "1000000", "--no-progress", "--out", str(out)]
+    command += _train_flags(options)
+    subprocess.run(command, check=True, capture_output=True)
+    return float(json.loads((out / "summary.json").read_text())["wall_time_s"])
+
+
+def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> float:
+    # the workers unpickle user_mlp by importing this script, which imports _common beside it
+    here = str(Path(__file__).parent)
+    if here not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [here, os.environ.get("PYTHONPATH")])
+        )
+    result = tether.fit(
+        model=user_mlp,
+        train_data=user_data(),
+        loss=nn.functional.cross_entropy,
+        method=method,
+        workers=workers,
+        batch_size=BATCH,
+        steps=steps,
+        out=out,
+        overwrite=True,
+        **options,
+    )
+    return float(result.summary["wall_time_s"])
+
+
+def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
+    path = scratch / f"profile-{model}.json"
+    command = [*tether_command(), "calibrate", "--model", model, "--name", "this-vm"]
+    subprocess.run([*command, "--out", str(path)], check=True, capture_output=True)
+    data = json.loads(path.read_text())
+    return load_profile(str(path)), Workload.from_dict(data["workload"])
+
+
+def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+    models = args.models.split(",")
+    workers = [int(w) for w in args.workers.split(",")]
+    profiles: dict[str, Any] = {}
+    workloads: dict[str, Workload] = {}
+    for model in models:
+        if model == "user-mlp":
+            profile, _ = profiles.get("lenet5") or calibrate("lenet5", scratch)
+            torch.manual_seed(0)
+            net, data = user_mlp(), user_data()
+            x, y = data.tensors[0][:BATCH], data.tensors[1][:BATCH]
+            timed = tether.time_model(
+                net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
+            )
+            # the training loop's own cost per step (here: the DataLoader collating 64 samples),
+            # measured as tether calibrate measures it, on one worker
+            n1, n2 = STEPS[model]
+            walls = [measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{n}") for n in (n1, n2)]
+            loop = (walls[1] - walls[0]) / (n2 - n1)
+            own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
+            workloads[model] = dataclasses.replace(timed, data_s=max(0.0, loop - own))
+            profiles[model] = (profile, workloads[model])
+        else:
+            profiles[model] = calibrate(model, scratch)
+            workloads[model] = profiles[model][1]
+        print(f"calibrated {model}", flush=True)
+    cells = [
+        (model, label, method, options, p)
+        for model in models
+        for label, method, options in VARIANTS
+        for p in workers
+        if p > 1 or label == "sync-sgd"
+    ]
+    measured: dict[tuple, list[float]] = {(*c[:2], c[4]): [] for c in cells}
+    rng = random.Random(0)
+    with ForeignLoad() as load:
+        for repeat in range(args.repeats):
+            order = list(cells)
+            rng.shuffle(order)
+            for i, (model, label, method, options, p) in enumerate(order):
+                n1, n2 = STEPS[model]
+                walls = []
+                for n in (n1, n2):
+                    out = scratch / f"run-{i}-{n}"
+                    if model == "user-mlp":
+                        walls.append(measure_api(method, p, n, options, out))
+                    else:
+                        walls.append(measure_cli(model, method, p, n, options, out))
+                measured[(model, label, p)].append((walls[1] - walls[0]) / (n2 - n1))
+                print(
+                    f"pass {repeat + 1}, {i + 1}/{len(order)}: {model} {label} x{p}: "
+                    f"{measured[(model, label, p)][-1] * 1e3:.2f} ms/step",
+                    flush=True,
+                )
+    lines = [
+        f"Foreign load during the runs: {load.cores():.2f} cores on average ({load.top()}).",
+        "",
+        "| model | method | workers | predicted ms | measured ms (median) | range | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    errors = []
+    points = []
+    for model, label, method, options, p in cells:
+        calibration_point = label == "sync-sgd" and p == 1
+        profile, workload = profiles[model]
+        tau = int(method_defaults(method).get("tau", 1))
+        pred = tether.predict(workload, method, p, profile, tau=tau, **options)
+        times = measured[(model, label, p)]
+        median = statistics.median(times)
+        error = (pred.iteration_s - median) / median
+        if not calibration_point:
+            errors.append(abs(error))
+            points.append((median, pred.iteration_s, model))
+        note = " (calibration point)" if calibration_point else ""
+        lines.append(
+            f"| {model} | {label}{note} | {p} | {pred.iteration_s * 1e3:.2f} | "
+            f"{median * 1e3:.2f} | {min(times) * 1e3:.2f}-{max(times) * 1e3:.2f} | {error:+.0%} |"
+        )
+    lines += [
+        "",
+        f"Median absolute error {statistics.median(errors):.1%}, worst {max(errors):.1%} over "
+        f"{len(errors)} cells (goal: median <= 10%, worst <= 25%); the one-worker sync-sgd "
+        "cells are where the training loop's own cost was calibrated, not counted.",
+    ]
+    figure = Figure(figsize=(6.5, 6), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    for i, model in enumerate(models):
+        xs = [m * 1e3 for m, _, k in points if k == model]
+        ys = [q * 1e3 for _, q, k in points if k == model]
+        ax.scatter(xs, ys, label=model, color=f"C{i}")
+    every = [v * 1e3 for m, q, _ in points for v in (m, q)]
+    lo, hi = min(every) * 0.8, max(every) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="prediction = measurement")
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.9")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured time per step (ms)")
+    ax.set_ylabel("predicted time per step (ms)")
+    ax.set_title("predicted vs measured (shaded: within 25%)")
+    ax.legend(fontsize="small")
+    return lines, figure
+
+
+def part_collectives(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+    profile = load_profile("vm-2cores")
+    algos = "ring,halving-doubling,recursive-doubling,binomial,naive,native"
+    lines = [
+        "| ranks | algorithm | size | predicted us | measured us | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    errors: dict[int, list[float]] = {}
+    figure = Figure(figsize=(12, 4.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 2)
+    for ax, world in zip(axes, (2, 4), strict=True):
+        out = scratch / f"comm-{world}"
+        command = [*tether_command(), "bench", "comm", "--op", "allreduce", "--algo", algos]
+        command += [
+            "--sizes",
+            "4KB:16MB",
+            "--workers",
+            str(world),
+            "--repeats",
+            str(args.comm_repeats),
+        ]
+        subprocess.run([*command, "--out", str(out)], check=True, capture_output=True)
+        report = json.loads((out / "comm.json").read_text())
+        cal = report["predictions"]
+        ours = Links(cal["alpha"], cal["beta"], cal["gamma"], cal["alpha"], cal["beta"], 64)
+        native = Links(
+            profile.intra.alpha.value,
+            profile.intra.beta.value,
+            profile.gamma.value,
+            profile.intra.alpha.value,
+            profile.intra.beta.value,
+            64,
+        )
+        by_algo: dict[str, list[tuple[float, float, float]]] = {}
+        for row in report["rows"]:
+            name, n = row["algo"], float(row["bytes"])
+            links = native if name == "native" else ours
+            predicted = all_reduce_time(name, world, n, links)
+            err = (predicted - row["time_s"]) / row["time_s"]
+            errors.setdefault(world, []).append(abs(err))
+            by_algo.setdefault(name, []).append((n, predicted, row["time_s"]))
+            lines.append(
+                f"| {world} | {name} | {row['bytes']} | {predicted * 1e6:.0f} | "
+                f"{row['time_s'] * 1e6:.0f} | {err:+.0%} |"
+            )
+        for i, (name, rows) in enumerate(by_algo.items()):
+            ax.plot(
+                [r[0] for r in rows], [r[2] * 1e6 for r in rows], "o-", color=f"C{i}", label=name
+            )
+            ax.plot([r[0] for r in rows], [r[1] * 1e6 for r in rows], "--", color=f"C{i}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("time per all-reduce (us); dashed: predicted")
+        ax.set_title(f"{world} ranks")
+        ax.legend(fontsize="small")
+    for world, errs in errors.items():
+        lines.append(
+            f"\n{world} ranks: median absolute error {statistics.median(errs):.1%}, worst "
+            f"{max(errs):.1%} over {len(errs)} points."
+        )
+    return lines, figure
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("iterations", "collectives"), required=True)
+    parser.add_argument("--models", default="lenet5,cnn,user-mlp")
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--comm-repeats", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    info = machine()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tether-perf-") as scratch:
+        part = part_iterations if args.part == "iterations" else part_collectives
+        lines, figure = part(args, Path(scratch))
+    write_part_result(
+        f"Performance model against measurements: part {args.part}",
+        f"perf_model_{args.part}",
+        lines,
+        figure,
+        info,
+        started,
+    )
+
+
+if __name__ == "__main__":
+    main()
