@@ -40,10 +40,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tether
-from _common import ForeignLoad, machine, tether_command, write_part_result
+from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
-from tether.perf.profile import load_profile
+from tether.perf.profile import load_profile, profile_from_dict
 from tether.perf.workload import Workload
 
 # (label, method, settings): the same keys go to `tether train --set` and to tether.predict
@@ -56,6 +56,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("local-sgd", "local-sgd", {}),
     ("async-sgd", "async-sgd", {}),
 ]
+RAW = RESULTS / "perf_model_iterations_measurements.json"  # reused by --reuse
 STEPS = {"lenet5": (20, 120), "cnn": (4, 24), "user-mlp": (20, 220)}
 BATCH = 64
 
@@ -128,11 +129,11 @@ def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
     return load_profile(str(path)), Workload.from_dict(data["workload"])
 
 
-def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
-    models = args.models.split(",")
-    workers = [int(w) for w in args.workers.split(",")]
+def measure_cells(
+    models: list[str], cells: list[tuple], repeats: int, scratch: Path
+) -> tuple[dict[str, Any], dict[tuple, list[float]], str]:
+    """Calibrate every model, then time every cell ``repeats`` times in shuffled passes."""
     profiles: dict[str, Any] = {}
-    workloads: dict[str, Workload] = {}
     for model in models:
         if model == "user-mlp":
             profile, _ = profiles.get("lenet5") or calibrate("lenet5", scratch)
@@ -148,23 +149,14 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
             walls = [measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{n}") for n in (n1, n2)]
             loop = (walls[1] - walls[0]) / (n2 - n1)
             own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
-            workloads[model] = dataclasses.replace(timed, data_s=max(0.0, loop - own))
-            profiles[model] = (profile, workloads[model])
+            profiles[model] = (profile, dataclasses.replace(timed, data_s=max(0.0, loop - own)))
         else:
             profiles[model] = calibrate(model, scratch)
-            workloads[model] = profiles[model][1]
         print(f"calibrated {model}", flush=True)
-    cells = [
-        (model, label, method, options, p)
-        for model in models
-        for label, method, options in VARIANTS
-        for p in workers
-        if p > 1 or label == "sync-sgd"
-    ]
     measured: dict[tuple, list[float]] = {(*c[:2], c[4]): [] for c in cells}
     rng = random.Random(0)
     with ForeignLoad() as load:
-        for repeat in range(args.repeats):
+        for repeat in range(repeats):
             order = list(cells)
             rng.shuffle(order)
             for i, (model, label, method, options, p) in enumerate(order):
@@ -182,8 +174,45 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
                     f"{measured[(model, label, p)][-1] * 1e3:.2f} ms/step",
                     flush=True,
                 )
+    line = f"Foreign load during the runs: {load.cores():.2f} cores on average ({load.top()})."
+    return profiles, measured, line
+
+
+def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+    models = args.models.split(",")
+    workers = [int(w) for w in args.workers.split(",")]
+    cells = [
+        (model, label, method, options, p)
+        for model in models
+        for label, method, options in VARIANTS
+        for p in workers
+        if p > 1 or label == "sync-sgd"
+    ]
+    if args.reuse:
+        # predictions from measurements taken earlier (the model may have changed since)
+        saved = json.loads(Path(args.reuse).read_text())
+        profiles = {
+            m: (profile_from_dict(v["profile"]), Workload.from_dict(v["workload"]))
+            for m, v in saved["models"].items()
+        }
+        measured = {
+            (*tuple(k.split("|")[:2]), int(k.split("|")[2])): v
+            for k, v in saved["measured"].items()
+        }
+        load_line = saved["load"]
+    else:
+        profiles, measured, load_line = measure_cells(models, cells, args.repeats, scratch)
+        raw = {
+            "models": {
+                m: {"profile": pw[0].to_dict(), "workload": pw[1].to_dict()}
+                for m, pw in profiles.items()
+            },
+            "measured": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in measured.items()},
+            "load": load_line,
+        }
+        RAW.write_text(json.dumps(raw, indent=1) + "\n")
     lines = [
-        f"Foreign load during the runs: {load.cores():.2f} cores on average ({load.top()}).",
+        load_line,
         "",
         "| model | method | workers | predicted ms | measured ms (median) | range | error |",
         "|---|---|---|---|---|---|---|",
@@ -304,6 +333,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--comm-repeats", type=int, default=10)
+    parser.add_argument("--reuse", metavar="FILE", help="predict against saved measurements")
     args = parser.parse_args()
     torch.set_num_threads(1)
     info = machine()
