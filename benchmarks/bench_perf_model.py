@@ -44,7 +44,7 @@ from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_re
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
-from tether.perf.workload import Workload
+from tether.perf.workload import LayerCost, Workload
 
 # (label, method, settings): the same keys go to `tether train --set` and to tether.predict
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
@@ -57,7 +57,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("async-sgd", "async-sgd", {}),
 ]
 RAW = RESULTS / "perf_model_iterations_measurements.json"  # reused by --reuse
-STEPS = {"lenet5": (20, 120), "cnn": (4, 24), "user-mlp": (20, 220)}
+STEPS = {"lenet5": (20, 120), "cnn": (2, 8), "user-mlp": (20, 220)}
 BATCH = 64
 
 
@@ -326,20 +326,119 @@ def part_collectives(args: argparse.Namespace, scratch: Path) -> tuple[list[str]
     return lines, figure
 
 
+# AlexNet (Krizhevsky et al. 2012) at 227x227: (layer, weight shape product, bias, output
+# positions), the two-GPU grouping of conv2/4/5 as in the original
+ALEXNET = [
+    ("conv1", 96 * 3 * 11 * 11, 96, 55 * 55),
+    ("conv2", 256 * 48 * 5 * 5, 256, 27 * 27),
+    ("conv3", 384 * 256 * 3 * 3, 384, 13 * 13),
+    ("conv4", 384 * 192 * 3 * 3, 384, 13 * 13),
+    ("conv5", 256 * 192 * 3 * 3, 256, 13 * 13),
+    ("fc6", 9216 * 4096, 4096, 1),
+    ("fc7", 4096 * 4096, 4096, 1),
+    ("fc8", 4096 * 1000, 1000, 1),
+]
+
+
+def alexnet(batch: int) -> Workload:
+    """AlexNet as a workload of counted FLOPs (2 per multiply-add), float32 gradients."""
+    layers = tuple(
+        LayerCost(name, (4 * weights, 4 * bias), 2.0 * weights * positions * batch)
+        for name, weights, bias, positions in ALEXNET
+    )
+    return Workload(model="alexnet", batch_size=batch, layers=layers)
+
+
+def part_paper(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+    """What the model predicts for SC17's two headline setups (no measurement: profiles)."""
+    del scratch
+    work = alexnet(args.paper_batch)
+    k80 = load_profile("k80-8gpu-pcie")
+    original = tether.predict(work, "original-easgd", 8, k80, tau=1)
+    sync = tether.predict(work, "sync-easgd", 8, k80, tau=1)
+    sync_no = tether.predict(work, "sync-easgd", 8, k80, tau=1, overlap=False)
+    knl = load_profile("knl-cluster")
+    nodes = [1, 2, 4, 8, 16, 32, 62, 64]
+    weak = tether.predict_scaling(work, "sync-easgd", knl, nodes, tau=1)
+    weak_sgd = tether.predict_scaling(work, "sync-sgd", knl, nodes)
+    weak_no = tether.predict_scaling(work, "sync-easgd", knl, nodes, tau=1, overlap=False)
+    at = {r["workers"]: r for r in weak}
+    # the per-step compute at which original-easgd's predicted share is the paper's 87%
+    small = next(
+        b
+        for b in range(args.paper_batch, 0, -1)
+        if tether.predict(alexnet(b), "original-easgd", 8, k80, tau=1).comm_share >= 0.87
+    )
+    small_original = tether.predict(alexnet(small), "original-easgd", 8, k80, tau=1)
+    small_sync = tether.predict(alexnet(small), "sync-easgd", 8, k80, tau=1)
+    small_sync_no = tether.predict(alexnet(small), "sync-easgd", 8, k80, tau=1, overlap=False)
+    lines = [
+        f"AlexNet, {work.parameters_bytes / 1e6:.0f} MB of float32 parameters, "
+        f"{work.forward_flops / work.batch_size / 1e9:.2f} GFLOP forward per image, batch "
+        f"{work.batch_size} per worker (assumed), FLOPs over the profiles' assumed achieved rates.",
+        "",
+        "| setup | predicted | paper |",
+        "|---|---|---|",
+        f"| original-easgd, 8 K80 GPUs: communication share | {original.comm_share:.0%} | 87% |",
+        f"| sync-easgd, 8 K80 GPUs: communication share (overlapped) | {sync.comm_share:.0%} | "
+        "14% |",
+        f"| sync-easgd, not overlapped | {sync_no.comm_share:.0%} | |",
+        f"| speed-up sync-easgd over original-easgd (time per step) | "
+        f"{original.iteration_s / sync.iteration_s:.1f}x | 5.3x |",
+        f"| weak scaling, sync-easgd, 62 KNL nodes (4216 cores) | {at[62]['efficiency']:.1%} | "
+        "91.5% (4253 cores) |",
+        f"| weak scaling, sync-easgd not overlapped, 62 KNL nodes | "
+        f"{next(r for r in weak_no if r['workers'] == 62)['efficiency']:.1%} | |",
+        f"| weak scaling, sync-sgd (WFBP), 62 KNL nodes | "
+        f"{next(r for r in weak_sgd if r['workers'] == 62)['efficiency']:.1%} | |",
+        f"| batch {small} per GPU (the largest where original-easgd's share reaches 87%): "
+        f"sync-easgd share overlapped / not | {small_sync.comm_share:.0%} / "
+        f"{small_sync_no.comm_share:.0%} | 14% |",
+        f"| batch {small}: speed-up sync-easgd over original-easgd | "
+        f"{small_original.iteration_s / small_sync.iteration_s:.1f}x (not overlapped: "
+        f"{small_original.iteration_s / small_sync_no.iteration_s:.1f}x) | 5.3x |",
+        "",
+        f"K80 step: compute {original.compute_s * 1e3:.0f} ms; original-easgd "
+        f"{original.iteration_s * 1e3:.0f} ms per step (message {original.details['message_s'] * 1e3:.1f}"
+        f" ms each way, server {original.details['server_service_s'] * 1e3:.1f} ms, 8 ranks in "
+        f"turn); sync-easgd {sync.iteration_s * 1e3:.0f} ms (ring all-reduce "
+        f"{sync.comm_s * 1e3:.0f} ms per round).",
+    ]
+    figure = Figure(figsize=(6.5, 4.5), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    ax.plot(nodes, [100 * r["efficiency"] for r in weak], "o-", label="sync-easgd")
+    ax.plot(nodes, [100 * r["efficiency"] for r in weak_no], "^-", label="sync-easgd, no overlap")
+    ax.plot(nodes, [100 * r["efficiency"] for r in weak_sgd], "s-", label="sync-sgd")
+    ax.axhline(91.5, color="k", ls=":", label="SC17: 91.5% at 4253 cores")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KNL nodes (68 cores each)")
+    ax.set_ylabel("weak-scaling efficiency (%)")
+    ax.set_ylim(0, 105)
+    ax.legend()
+    return lines, figure
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("iterations", "collectives"), required=True)
+    parser.add_argument("--part", choices=("iterations", "collectives", "paper"), required=True)
     parser.add_argument("--models", default="lenet5,cnn,user-mlp")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--comm-repeats", type=int, default=10)
     parser.add_argument("--reuse", metavar="FILE", help="predict against saved measurements")
+    parser.add_argument("--paper-batch", type=int, default=128, help="AlexNet batch per worker")
     args = parser.parse_args()
     torch.set_num_threads(1)
     info = machine()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-perf-") as scratch:
-        part = part_iterations if args.part == "iterations" else part_collectives
+        parts = {
+            "iterations": part_iterations,
+            "collectives": part_collectives,
+            "paper": part_paper,
+        }
+        part = parts[args.part]
         lines, figure = part(args, Path(scratch))
     write_part_result(
         f"Performance model against measurements: part {args.part}",
