@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test install dev data lint clean
+.PHONY: demo test test-all install dev data lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,13 @@ lint: dev
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
+# `make test` leaves out the tests marked slow (pyproject's addopts: long end-to-end runs whose
+# features faster tests also check); `make test-all` runs them too.
 test: dev data lint
 	$(BIN)/pytest -q
+
+test-all: dev data lint
+	$(BIN)/pytest -q -m ""
 
 clean:
 	rm -rf $(VENV) runs .mypy_cache .ruff_cache .pytest_cache

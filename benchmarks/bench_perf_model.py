@@ -94,6 +94,7 @@ def measure_cli(
     command = [*tether_command(), "train", "--model", model, "--method", method]
     command += ["--workers", str(workers), "--steps", str(steps), "--batch-size", str(BATCH)]
     command += ["--eval-every", "1000000", "--no-progress", "--out", str(out)]
+    command += ["--threads-per-worker", "1"]  # as the layers were timed, also for one worker
     command += _train_flags(options)
     subprocess.run(command, check=True, capture_output=True)
     return float(json.loads((out / "summary.json").read_text())["wall_time_s"])
@@ -116,6 +117,7 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
         steps=steps,
         out=out,
         overwrite=True,
+        threads_per_worker=1,
         **options,
     )
     return float(result.summary["wall_time_s"])

@@ -1,10 +1,12 @@
-"""Shared fixtures: the Fashion-MNIST location and a helper to run the CLI as a user would."""
+"""Shared fixtures: the Fashion-MNIST location, a helper to run the CLI as a user would, and
+what a run's processes do, read from /proc (which of them live on, where they listen)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,3 +58,97 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in cmdline:
             found.append(int(proc.name))
     return found
+
+
+# -- where a run listens: its process tree's listening TCP sockets, read from /proc --------------
+LISTEN = "0A"  # the TCP state in /proc/net/tcp
+
+
+def _listening_inodes() -> dict[str, str]:
+    """Every listening TCP socket of the machine: inode -> local address."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            next(rows)
+            for row in rows:
+                fields = row.split()
+                if fields[3] == LISTEN:
+                    found[fields[9]] = fields[1]
+    return found
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a /proc/net/tcp{,6} local address (hex ``host:port``) is on loopback."""
+    host = address.split(":")[0]
+    if len(host) == 8:  # IPv4, little-endian hex: 127.x.x.x ends with 7F
+        return host.endswith("7F")
+    return host == "00000000000000000000000001000000"  # ::1
+
+
+def run_cli_listening(*args: str, timeout: float = 120) -> tuple[CliResult, set[str]]:
+    """:func:`run_cli`, reading every 0.2 s which TCP addresses the run's processes (the
+    command and all its descendants) listen on while it runs; returns the result and every
+    listening address seen."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tether", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    # The pipes are drained by threads: a full pipe would stall the run while it is watched.
+    output: dict[str, str] = {}
+    readers = [
+        threading.Thread(target=lambda name=name, pipe=pipe: output.update({name: pipe.read()}))
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            listening = _listening_inodes()
+            for pid in _tree(proc.pid):
+                seen |= {listening[i] for i in _socket_inodes(pid) if i in listening}
+            time.sleep(0.2)
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        proc.kill()
+        for reader in readers:
+            reader.join(timeout=10)
+    seconds = time.perf_counter() - start
+    return CliResult(code, output.get("stdout", ""), output.get("stderr", ""), seconds), seen

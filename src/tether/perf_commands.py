@@ -112,6 +112,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print("tether: timing the training loop on one worker", file=sys.stderr)
     train_argv = ["--model", config.model, "--dataset", config.dataset]
     train_argv += ["--batch-size", str(config.batch_size)]
+    # the thread count the layers were timed with (alone on the node, a worker would get all)
+    train_argv += ["--threads-per-worker", str(max(1, config.threads_per_worker))]
     train_argv += ["--data-dir", config.data_dir] if config.data_dir else []
     with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
         loop_s = trainer_step_s(train_argv, 10, 10 + args.loop_steps, Path(scratch))

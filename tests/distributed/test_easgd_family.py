@@ -209,8 +209,19 @@ def _replicated(rank: int, world: int) -> dict:
     }
 
 
-def test_server_methods_follow_their_update_rules() -> None:
-    server, w1, w2 = run_spawned(_all_methods, 3, timeout_s=30)
+def _server_group(rank: int, world: int) -> dict:
+    """The deterministic-order checks, then the worker whose step jumps, on one 3-rank group
+    (starting a group costs seconds)."""
+    return {"methods": _all_methods(rank, world), "step-jumper": _step_jumper(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def server_group() -> list[dict]:
+    return run_spawned(_server_group, 3, timeout_s=20)
+
+
+def test_server_methods_follow_their_update_rules(server_group: list[dict]) -> None:
+    server, w1, w2 = (r["methods"] for r in server_group)
     exchanges = STEPS // TAU
     for method, momentum in (
         ("original-easgd", False),
@@ -277,7 +288,9 @@ def _step_jumper(rank: int, world: int) -> dict:
     return {"steps": method.local_step}
 
 
-def test_a_worker_whose_step_jumps_is_given_up_and_the_run_goes_on() -> None:
-    server, worker, _ = run_spawned(_step_jumper, 3, timeout_s=20)
+def test_a_worker_whose_step_jumps_is_given_up_and_the_run_goes_on(
+    server_group: list[dict],
+) -> None:
+    server, worker, _ = (r["step-jumper"] for r in server_group)
     assert "protocol: its step went from 0 to 1000000" in server["lost"][2]
     assert worker["steps"] == STEPS and server["global_step"] < 1000

@@ -1,7 +1,8 @@
 """hogwild-sgd and hogwild-easgd: the update rules, the sharing, and the absence of locks.
 
-the EASGD papers (Zhang et al. 2015; You et al. 2017). Each test function runs ONE spawned group of 3 ranks (server + 2
-workers) and drives the methods by hand through several phases, each on a fresh process group:
+the EASGD papers (Zhang et al. 2015; You et al. 2017). ONE spawned group of 3 ranks (server + 2
+workers), shared by the tests of this module, drives the methods by hand through several phases,
+each on a fresh process group:
 
 - exactness: with one worker updating, or two workers updating strictly one after the other (the
   second waits for a message from the first), the shared weights / center equal a single-process
@@ -247,8 +248,22 @@ def _check_stop(phase: list[dict], stop_at: int) -> None:
         assert worker["stop_requested"] and worker["steps"] < FOREVER
 
 
-def test_hogwild_sgd_shares_one_weight_buffer_without_locks() -> None:
-    ranks = run_spawned(_hogwild_sgd, 3, timeout_s=60)
+def _all_phases(rank: int, world: int) -> dict:
+    return {
+        "sgd": _hogwild_sgd(rank, world),
+        "shared-memory": _hogwild_easgd(rank, world, HogwildEASGD),
+        "threads": _hogwild_easgd(rank, world, _Threaded),
+    }
+
+
+@pytest.fixture(scope="module")
+def phases() -> list[dict]:
+    """Every rank's results of every phase (starting a group costs seconds: one for all)."""
+    return run_spawned(_all_phases, 3, timeout_s=60)
+
+
+def test_hogwild_sgd_shares_one_weight_buffer_without_locks(phases: list[dict]) -> None:
+    ranks = [r["sgd"] for r in phases]
     server = ranks[0]
     for name, plan in (("one", [5, 0]), ("turns", [3, 4])):
         ref = server[f"ref_{name}"]
@@ -265,8 +280,10 @@ def test_hogwild_sgd_shares_one_weight_buffer_without_locks() -> None:
 
 
 @pytest.mark.parametrize("cls", [HogwildEASGD, _Threaded], ids=["shared-memory", "threads"])
-def test_hogwild_easgd_follows_the_elastic_rule_without_locks(cls: type) -> None:
-    ranks = run_spawned(_hogwild_easgd, 3, cls, timeout_s=60)
+def test_hogwild_easgd_follows_the_elastic_rule_without_locks(
+    phases: list[dict], cls: type
+) -> None:
+    ranks = [r["shared-memory" if cls is HogwildEASGD else "threads"] for r in phases]
     server, w1, w2 = ranks
     assert server["one"]["shared_memory"] is (cls is HogwildEASGD)
     for name, plan in (("one", [5, 0]), ("turns", [3, 4])):

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -116,7 +115,6 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow
 def test_an_overflow_is_skipped_by_the_right_ranks_and_low_precision_trains(tmp_path: Path) -> None:
     results = run_spawned(_everything, WORLD, str(tmp_path), timeout_s=60)
     initial = 65536.0

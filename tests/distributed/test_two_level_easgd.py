@@ -1,8 +1,11 @@
 """two-level-easgd on 4 ranks: with one node it is sync-sgd and with one rank per node
 sync-easgd, bitwise; with 2 nodes of 2 it is deterministic and follows its rule (the node's mean
-gradient inside a node, elastic rounds between the nodes), against a one-process reference."""
+gradient inside a node, elastic rounds between the nodes), against a one-process reference; the
+nodes a launcher reports (its local world size) give the very same run as ranks_per_node."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -10,8 +13,7 @@ from tests.method_drive import cross_entropy_step, loss_and_gradient
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
-from tether.launch.spawn import run_spawned
-from tether.methods import METHODS, MethodContext
+from tether.methods import METHODS, MethodContext, Placement
 from tether.methods.flat import flatten_parameters
 from tether.models import build_model
 
@@ -36,12 +38,14 @@ def _batch(step: int, index: int):
     return x[idx], y[idx]
 
 
-def _drive(rank: int, method: str, momentum: bool, **change) -> dict:
+def _drive(
+    rank: int, method: str, momentum: bool, placement: Placement | None = None, **change
+) -> dict:
     """STEPS steps of ``method`` on this rank; returns its replica (and center, if any)."""
     config = TrainConfig(lr=LR, tau=TAU, weight_decay=0.0, **change)
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MU if momentum else 0.0)
-    context = MethodContext(config, TorchTransport(), torch.device("cpu"))
+    context = MethodContext(config, TorchTransport(), torch.device("cpu"), placement or Placement())
     m = METHODS.get(method)(model, context, optimizer)
     m.start()
     for step in range(STEPS):
@@ -52,7 +56,8 @@ def _drive(rank: int, method: str, momentum: bool, **change) -> dict:
     return {"replica": replica, "evaluated": evaluated, **m.summary_extra()}  # numpy, back home
 
 
-def _all(rank: int, world: int) -> dict:
+def on_every_rank(rank: int, world: int) -> dict:
+    """This module's part of the 4-rank group (tests/distributed/conftest.py)."""
     del world
     return {
         "sync-sgd": _drive(rank, "sync-sgd", momentum=True),
@@ -61,6 +66,10 @@ def _all(rank: int, world: int) -> dict:
         "rank-nodes": _drive(rank, "two-level-easgd", momentum=False, ranks_per_node=1),
         "2x2": _drive(rank, "two-level-easgd", momentum=False, ranks_per_node=2),
         "2x2-again": _drive(rank, "two-level-easgd", momentum=False, ranks_per_node=2),
+        # the nodes as a launcher reports them (LOCAL_WORLD_SIZE 2), no ranks_per_node
+        "2x2-launcher": _drive(
+            rank, "two-level-easgd", momentum=False, placement=Placement(local_world_size=2)
+        ),
         "2x2-ring": _drive(
             rank, "two-level-easgd", momentum=False, ranks_per_node=2, allreduce="ring"
         ),
@@ -91,10 +100,14 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return float((a - b).abs().max()) <= REL_TOL * float(b.abs().max())
 
 
-def test_two_level_reduces_to_sync_sgd_and_sync_easgd_and_follows_its_rule() -> None:
+def test_two_level_reduces_to_sync_sgd_and_sync_easgd_and_follows_its_rule(
+    four_ranks: tuple[list[dict], Path],
+) -> None:
+    ranks, _ = four_ranks
+    assert len(ranks) == WORLD
     results = [
         {case: {k: torch.as_tensor(v) for k, v in values.items()} for case, values in r.items()}
-        for r in run_spawned(_all, WORLD, timeout_s=60)
+        for r in (rank["two-level"] for rank in ranks)
     ]
     center, xs = reference_two_level(nodes=2, size=2)
     for rank, res in enumerate(results):
@@ -111,6 +124,9 @@ def test_two_level_reduces_to_sync_sgd_and_sync_easgd_and_follows_its_rule() -> 
         two = res["2x2"]
         assert torch.equal(two["replica"], res["2x2-again"]["replica"]), rank
         assert torch.equal(two["evaluated"], res["2x2-again"]["evaluated"]), rank
+        for key in ("replica", "evaluated"):  # the launcher's layout: the same run, bitwise
+            assert torch.equal(two[key], res["2x2-launcher"][key]), (rank, key)
+        assert res["2x2-launcher"]["nodes"] == 2
         assert two["nodes"] == 2 and two["alpha"] == 0.9 / 2
         assert _close(two["replica"], xs[rank // 2]), rank
         assert _close(two["evaluated"], center), rank

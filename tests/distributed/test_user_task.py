@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -308,7 +307,6 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.slow
 def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path: Path) -> None:
     results = run_spawned(_everything, WORLD, str(tmp_path), timeout_s=60)
     summaries = results[0]

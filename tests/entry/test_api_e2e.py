@@ -60,7 +60,6 @@ def _check_all_methods(stdout: str, processes: int) -> None:
             assert len({r["checksum"] for r in workers}) == 1, (method, workers)
 
 
-@pytest.mark.slow
 def test_every_method_through_init_under_torchrun() -> None:
     script = str(ROOT / "tests/entry/init_all_methods.py")
     torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", script, ALL_METHODS]
@@ -115,7 +114,6 @@ def _single_process(steps: int, per_worker: int, workers: int) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.slow
 def test_fit_sync_sgd_equals_one_process_and_sync_easgd_is_bitwise(tmp_path: Path) -> None:
     train, test = data()
     result = tether.fit(
@@ -209,7 +207,6 @@ def per_sample(outputs, targets):
 """
 
 
-@pytest.mark.slow
 def test_cli_trains_the_users_components_by_import_path(tmp_path: Path) -> None:
     (tmp_path / "mytask.py").write_text(USER_MODULE)
     out = tmp_path / "run"
@@ -314,7 +311,6 @@ ctx.finish()
 """
 
 
-@pytest.mark.slow
 def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
     tmp_path: Path,
 ) -> None:

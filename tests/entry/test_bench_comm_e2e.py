@@ -1,4 +1,6 @@
-"""`tether bench comm` end to end: real ranks, a real report, and a hung rank that cannot hang it."""
+"""`tether bench comm` end to end: real ranks, a real report, and a hung rank that cannot hang it.
+The allreduce run is also watched for where its processes listen (loopback only: see
+tests/entry/test_listeners.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import is_loopback, run_cli, run_cli_listening
 from tether.bench import comm, comm_launch
 from tether.errors import WorkerFailure
 
@@ -19,7 +21,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_allreduce_ring_and_native(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("TETHER_CACHE_DIR", str(tmp_path / "cache"))  # a fresh calibration
     out = tmp_path / "bench"
-    result = run_cli(
+    result, listening = run_cli_listening(
         "bench",
         "comm",
         "--op",
@@ -56,6 +58,10 @@ def test_allreduce_ring_and_native(tmp_path: Path, monkeypatch) -> None:
     assert table[0].split()[:3] == ["size", "algo", "time_us"] and len(table) == 1 + 22
     assert table[1].split()[:2] == ["4B", "ring"] and table[-1].split()[-1] == "yes"
     assert "tether bench: 4B ring (1/11 sizes" in result.stderr  # progress
+    # Nothing it started listened outside loopback: the rendezvous store and the workers' store
+    # at least (gloo's pairs add their own).
+    assert len(listening) >= 2, listening
+    assert sorted(a for a in listening if not is_loopback(a)) == []
 
 
 def test_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:

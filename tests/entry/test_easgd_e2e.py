@@ -1,5 +1,8 @@
 """EASGD-family runs end to end: the center is evaluated and saved, resume restores it, and a
-run can resume with a different number of workers (new workers start from the center)."""
+run can resume with a different number of workers (every worker restarts from the center).
+
+sync-easgd's center evaluation, and a resume with nothing left to do, are checked through the
+trainer on one spawned group (tests/distributed/test_shard_resume.py)."""
 
 from __future__ import annotations
 
@@ -52,27 +55,13 @@ def test_async_easgd_resumes_the_center_with_another_worker_count(tmp_path: Path
     for name, tensor in checkpoint["model"].items():  # the saved model is the center
         assert torch.equal(model[name], tensor), name
 
-    # Resume with nothing left to do: the restored center is exactly the checkpoint's.
-    result = run_cli("train", "--resume", str(run), "--timeout", "20")
-    assert result.returncode == 0, result.stderr
-    again = torch.load(run / "model.pt", weights_only=True)
-    for name, tensor in checkpoint["model"].items():
-        assert torch.equal(again[name], tensor), name
-
-    # Resume with three workers and a longer budget: training continues from the center.
-    result = run_cli("train", "--resume", str(run), "--workers", "3", "--steps", "50")
+    # Resume with one worker and a longer budget: training continues from the center (every
+    # worker restarts from it, with any count). One worker, not three: 4 processes on a 2-core
+    # machine cost seconds more.
+    result = run_cli("train", "--resume", str(run), "--workers", "1", "--steps", "50")
     assert result.returncode == 0, result.stderr
     resumed = _summary(run)
-    assert resumed["workers"] == 3 and resumed["steps"] == 50
+    assert resumed["workers"] == 1 and resumed["steps"] == 50
     steps = [h["step"] for h in resumed["history"]]
     assert steps[:3] == [10, 20, 30] and steps[-1] == 50
     assert resumed["final_test_accuracy"] >= first["final_test_accuracy"] - 0.05
-
-
-def test_sync_easgd_evaluates_the_center(tmp_path: Path) -> None:
-    args = ["--method", "sync-easgd", "--workers", "2", "--steps", "60", "--tau", "2"]
-    result = run_cli("train", *COMMON, *args, "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    summary = _summary(tmp_path)
-    assert summary["rounds"] == 30 and summary["tau"] == 2 and summary["alpha"] == 0.45
-    assert summary["final_test_accuracy"] > 0.2

@@ -77,7 +77,6 @@ def test_plan_divides_the_cores_and_pins_only_parts_that_fit() -> None:
     assert "--threads-per-worker 2" in str(refused.value)
 
 
-@pytest.mark.slow
 def test_threads_and_cores_take_effect_inside_the_workers(tmp_path: Path) -> None:
     each = max(1, len(CORES) // 2)
     seen, partition = _seen_by_workers(tmp_path, "two", method="sync-sgd", workers=2)
@@ -91,6 +90,10 @@ def test_threads_and_cores_take_effect_inside_the_workers(tmp_path: Path) -> Non
             "core_groups": groups,
         }
 
+
+@pytest.mark.slow
+def test_other_partitions_take_effect_inside_the_workers(tmp_path: Path) -> None:
+    # One launch each: a lone worker, workers left unpinned, and a parameter server.
     seen, partition = _seen_by_workers(tmp_path, "one", method="sync-sgd", workers=1)
     assert seen == [{"threads": len(CORES), "cores": CORES}]
     assert partition["threads_per_worker"] == len(CORES)

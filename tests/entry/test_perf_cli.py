@@ -53,17 +53,19 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
     _png(out / "staleness.png")
 
 
-@pytest.mark.slow
 def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--batch-size", "32"]
-    assert main([*argv, "--repeats", "5", "--out", str(profile)]) == 0
+    argv += ["--repeats", "5", "--loop-steps", "10"]
+    assert main([*argv, "--out", str(profile)]) == 0
     data = json.loads(profile.read_text())
     hardware = data["hardware"]
     assert hardware["intra"]["alpha"]["value"] > 0 and hardware["intra"]["beta"]["value"] > 0
     assert "native all-reduce" in hardware["intra"]["alpha"]["source"]
     assert hardware["flops"]["value"] > 0
     assert data["workload"]["model"] == "mlp" and data["workload"]["batch_size"] == 32
+    assert data["workload"]["data_s"] >= 0  # the training loop's own cost, timed
+    assert len(data["all_reduce_points"]) == 6  # native all-reduce at 4 KiB .. 16 MiB
     capsys.readouterr()
     argv = ["predict", "--profile", str(profile), "--model", "mlp", "--dataset", "digits"]
     argv += ["--batch-size", "64", "--workers", "1,2", "--out", str(tmp_path / "p")]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
+from tether.cli import main
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.observe.files import atomic_write_text
@@ -133,6 +134,15 @@ def test_resume_cleans_interrupted_writes(tmp_path: Path) -> None:
     (run / ".checkpoint.pt.x1y2.tmp").write_bytes(b"half")
     prepare_run_dir(_config(run, resume=True, method="sync-sgd", model="lenet5"))
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]
+    # the ranks' own checkpoint shards stay for the resume (the replica methods restore them)
+    _checkpoint(run / "checkpoint.pt", method_name="sync-easgd", shards=2)
+    for rank in range(2):
+        _checkpoint(run / "checkpoint-ranks" / f"rank-{rank}.pt")
+    prepare_run_dir(_config(run, resume=True, method="sync-easgd", model="lenet5"))
+    assert sorted(p.name for p in (run / "checkpoint-ranks").iterdir()) == [
+        "rank-0.pt",
+        "rank-1.pt",
+    ]
 
 
 def _bad_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
@@ -230,23 +240,32 @@ def test_files_follow_the_umask(tmp_path: Path) -> None:
 
 
 # -- through the command line: one line, exit 2, before any worker starts -----------------------
-def test_cli_refuses_an_existing_run_and_a_changed_method(tmp_path: Path) -> None:
+# In-process through the CLI's main() (each `python -m tether` start costs seconds; the console
+# entry's own exit and traceback handling is checked in tests/entry/test_cli_errors.py).
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def test_cli_refuses_an_existing_run_and_a_changed_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     files = _fake_run(run)
-    result = run_cli("train", "--steps", "5", "--out", str(run))
-    assert result.returncode == 2 and "holds a run" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    code, stderr = _cli(capsys, "train", "--steps", "5", "--out", str(run))
+    assert code == 2 and "holds a run" in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
     assert _unchanged(run, files)
     atomic_write_text(run / "config.toml", 'method = "sync-sgd"\nmodel = "lenet5"\n')
     _checkpoint(run / "checkpoint.pt")
-    result = run_cli("train", "--resume", str(run), "--method", "async-sgd")
-    assert result.returncode == 2 and "continues a method 'sync-sgd' run" in result.stderr
-    result = run_cli("train", "--resume", str(run), "--model", "cnn")
-    assert result.returncode == 2 and "--model cnn would be another run" in result.stderr
+    code, stderr = _cli(capsys, "train", "--resume", str(run), "--method", "async-sgd")
+    assert code == 2 and "continues a method 'sync-sgd' run" in stderr
+    code, stderr = _cli(capsys, "train", "--resume", str(run), "--model", "cnn")
+    assert code == 2 and "--model cnn would be another run" in stderr
     (run / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
-    result = run_cli("train", "--resume", str(run))
-    assert result.returncode == 2 and "not a readable Tether checkpoint" in result.stderr
-    assert "Traceback" not in result.stderr and "weights_only=False" not in result.stderr
+    code, stderr = _cli(capsys, "train", "--resume", str(run))
+    assert code == 2 and "not a readable Tether checkpoint" in stderr
+    assert "Traceback" not in stderr and "weights_only=False" not in stderr
 
 
 def test_worker_entry_without_a_launcher_is_one_line() -> None:

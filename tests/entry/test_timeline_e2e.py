@@ -1,4 +1,5 @@
-"""`tether train --timeline` end to end: the merged Chrome trace of a real two-worker run."""
+"""`tether train --timeline` end to end: the merged Chrome trace of a real two-worker run (the
+uninterrupted sync-sgd run other end-to-end tests check as well: tests/entry/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import CliResult, requires_fashion_mnist
+from tests.entry.conftest import STRAIGHT_STEPS
 
 
-def test_timeline_traces_every_rank_step_by_step(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    args = ["--method", "sync-sgd", "--workers", "2", "--dataset", "digits", "--model", "mlp"]
-    args += ["--steps", "6", "--timeline", "--out", str(run), "--no-progress", "--timeout", "20"]
-    result = run_cli("train", *args)
+@requires_fashion_mnist
+def test_timeline_traces_every_rank_step_by_step(straight_run: tuple[Path, CliResult]) -> None:
+    run, result = straight_run
     assert result.returncode == 0, result.stderr
 
     trace = json.loads((run / "timeline.json").read_text())
@@ -33,9 +33,12 @@ def test_timeline_traces_every_rank_step_by_step(tmp_path: Path) -> None:
 
     by_step: dict[tuple[int, int], dict[str, dict]] = defaultdict(dict)
     for event in events:
-        if event["tid"] == 1 and "step" in event.get("args", {}) and event["cat"] != "eval":
+        # (evaluations and checkpoints, after their step, name it too)
+        after = event["cat"] in ("eval", "checkpoint")
+        if event["tid"] == 1 and "step" in event.get("args", {}) and not after:
             by_step[event["pid"], event["args"]["step"]][event["name"]] = event
-    assert sorted(by_step) == [(pid, step) for pid in (0, 1) for step in range(1, 7)]
+    steps = range(1, STRAIGHT_STEPS + 1)
+    assert sorted(by_step) == [(pid, step) for pid in (0, 1) for step in steps]
     for (pid, step), spans in by_step.items():
         assert {"step", "data", "forward+backward", "comm wait", "optimizer step"} <= set(spans)
         outer = spans.pop("step")

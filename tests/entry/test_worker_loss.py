@@ -2,6 +2,11 @@
 
 End to end through `tether train` (torch's elastic agent, one supervisor per worker slot, real
 faults injected into rank 2), plus the supervisor's own decisions on tiny child programs.
+
+Two workers (ranks 1 and 2) and the server: rank 2 is lost, rank 1 carries on. (A third worker
+cost each run up to 6 s more on a 2-core machine: 4 processes and their supervisors.) The
+healthy run longer than --timeout is in tests/entry/test_listeners.py, which also reads where
+its processes listen.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ ASYNC = [
     "--method",
     "async-easgd",
     "--workers",
-    "3",
+    "2",
     "--batch-size",
     "32",
     "--lr",
@@ -42,7 +47,7 @@ def _lost_run(run: Path, kind: str, timeout: str = "20") -> tuple[dict, str, str
     assert result.returncode == 0, result.stderr[-3000:]
     assert processes_mentioning(str(run)) == []  # every worker and supervisor is gone
     summary = json.loads((run / "summary.json").read_text())
-    # The server carried on with ranks 1 and 3: it stopped when they finished their steps.
+    # The server carried on with rank 1: it stopped when it finished its steps.
     assert [w["rank"] for w in summary["lost_workers"]] == [2]
     assert 20 < summary["steps"] <= STEPS
     assert summary["history"][-1]["step"] == summary["steps"]
@@ -77,6 +82,11 @@ def test_worker_exception_is_a_lost_worker_with_its_traceback_kept(tmp_path: Pat
     assert seconds < 60, seconds
 
 
+# Slow: the server's giving up on a silent worker ("sent nothing") is checked on the endpoint
+# async-easgd serves with (tests/distributed/test_server_fuzz.py), and end to end a hung
+# async-easgd worker given up and killed, the run completing, by the stalled-worker test below
+# (hang-after-send); this run adds the "hang" fault's reason.
+@pytest.mark.slow
 @requires_fashion_mnist
 def test_hung_worker_is_given_up_and_stopped(tmp_path: Path) -> None:
     # Rank 2 stops sending at step 20: after --timeout seconds of silence the server goes on
@@ -106,8 +116,8 @@ def test_stalled_worker_costs_the_server_only_that_worker(
     summary = json.loads((run / "summary.json").read_text())
     assert [w["rank"] for w in summary["lost_workers"]] == [2], summary["lost_workers"]
     assert summary["lost_workers"][0]["exit"].startswith("killed")
-    # Ranks 1 and 3 did their whole budget: STEPS each, rank 2 about 20.
-    assert summary["steps"] >= (2 * STEPS + 20) // 3 - 1, summary["steps"]
+    # Rank 1 did its whole budget: STEPS, rank 2 about 20.
+    assert summary["steps"] >= (STEPS + 20) // 2 - 1, summary["steps"]
     assert processes_mentioning(str(run)) == []
     assert result.seconds < 60, result.seconds
 
@@ -124,19 +134,6 @@ def test_run_that_lost_every_worker_fails(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     summary = json.loads((run / "summary.json").read_text())  # what was done is kept
     assert summary["steps"] < STEPS
-
-
-@requires_fashion_mnist
-def test_healthy_run_longer_than_the_timeout_loses_nobody(tmp_path: Path) -> None:
-    # The server's liveness watches wait for a whole run; they must not time out with --timeout.
-    run = tmp_path / "run"
-    args = [*ASYNC, "--steps", str(STEPS), "--eval-every", "50", "--timeout", "3"]
-    result = run_cli("train", *args, "--out", str(run))
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["wall_time_s"] > 3  # otherwise this test proves nothing
-    assert summary["lost_workers"] == [] and summary["steps"] == STEPS
-    assert "lost workers" not in result.stdout and not (run / "lost" / "rank-1.json").exists()
 
 
 # -- the supervisor on its own: tiny child programs, no torch ------------------------------------

@@ -92,7 +92,6 @@ def test_shaped_link_limits_a_large_transfer(cluster: EmulatedCluster) -> None:
 
 
 @needs_netns
-@pytest.mark.slow
 def test_one_torchrun_job_across_nodes(cluster: EmulatedCluster, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     result = torchrun_across(cluster, NPROC, [str(HERE / "worker_checks.py"), str(out)], 90)
@@ -131,6 +130,9 @@ def test_one_torchrun_job_across_nodes(cluster: EmulatedCluster, tmp_path: Path)
         assert "hierarchical (constructed)" in report["checked"]
 
 
+# Slow: the default run checks the pieces: every all-reduce across these nodes, the ranks'
+# placement and the bytes on the veths (test_one_torchrun_job_across_nodes), and the same worker
+# entry under torchrun on one machine (tests/entry/test_train_e2e.py).
 @needs_netns
 @pytest.mark.slow
 def test_training_across_nodes(cluster: EmulatedCluster, tmp_path: Path) -> None:
@@ -164,6 +166,9 @@ def test_two_level_easgd_across_nodes_is_the_emulated_one(
     # The nodes come from the launcher (LOCAL_WORLD_SIZE = 2 on each of 2 nodes); the same run on
     # one machine with --ranks-per-node 2 must give the very same weights: the method is
     # deterministic and the layout, not the network, decides what it computes.
+    # (Slow: the default run checks the launcher's layout against --ranks-per-node on one
+    # spawned group, tests/distributed/test_two_level_easgd.py, and the collectives across these
+    # nodes in test_one_torchrun_job_across_nodes.)
     steps, workers = 12, cluster.nodes * NPROC
     args = ["--method", "two-level-easgd", "--dataset", "digits", "--model", "mlp", "--tau", "2"]
     args += ["--steps", str(steps), "--workers", str(workers), "--timeout", "30"]

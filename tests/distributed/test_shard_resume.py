@@ -1,0 +1,162 @@
+"""Checkpoints through the trainer, on a spawned group of 4 ranks (shared with
+test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs seconds, and
+`tether train` end to end ten or more per run, tests/entry/test_train_e2e.py).
+
+- Per-rank shards: sync-easgd, local-sgd and two-level-easgd (2 nodes of 2) checkpoint every
+  rank's own replica and optimizer. A run interrupted after its checkpoint at step 20 (it stops
+  at its step-25 evaluation, as a crash at step 25 would leave it) and resumed ends bitwise equal
+  to the uninterrupted run, with the same test metrics. The averaging period (tau 3) puts the
+  checkpoint between two averagings, where the replicas differ: a resume from one replica (the
+  center, or rank 0's) would not give the same weights.
+- sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
+- async-easgd: a resume with nothing left to do saves exactly the checkpoint's center.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.methods import METHODS, Placement
+from tether.metrics import accuracy
+from tether.training.task import Task
+from tether.training.trainer import Trainer, WorkerRuntime
+
+WORLD = 4
+CPU = torch.device("cpu")
+STEPS, CHECKPOINT_EVERY, TAU = 30, 10, 3  # the checkpoint at step 20 falls between averagings
+STOP = 25  # the interrupted run's evaluation (and stop) step: after its last checkpoint
+REPLICATED = {
+    "sync-easgd": {},
+    "local-sgd": {},
+    "two-level-easgd": {"ranks_per_node": 2},
+}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def _task() -> Task:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(480, 8, generator=gen)
+    y = (x @ torch.randn(8, 3, generator=gen)).argmax(1)
+    return Task(
+        model=Net,
+        train_data=TensorDataset(x[:384], y[:384]),
+        eval_data=TensorDataset(x[384:], y[384:]),
+        loss=nn.CrossEntropyLoss(),
+        metrics={"accuracy": accuracy},
+        model_name="Net",
+    )
+
+
+def _train(run: Path, **change: Any) -> Trainer:
+    method = change["method"]
+    values = {
+        "workers": WORLD - METHODS.get(method).server_processes,
+        "batch_size": 8,
+        "lr": 0.1,
+        "out": str(run),
+        "progress": False,
+        "timeout_s": 30.0,
+        **change,
+    }
+    runtime = WorkerRuntime(TorchTransport(), CPU, Placement(run_id=run.name))
+    trainer = Trainer(TrainConfig(**values), _task(), runtime)
+    trainer.run()
+    dist.barrier()  # the next run's handshake must not reach this run's server
+    return trainer
+
+
+def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
+    """This module's part of the 4-rank group (tests/distributed/conftest.py)."""
+    base = Path(root) / "shard-resume"
+    out: dict[str, Any] = {}
+    for method, layout in REPLICATED.items():
+        common = {"method": method, "steps": STEPS, "tau": TAU, **layout}
+        common |= {"eval_every": STOP, "checkpoint_every": CHECKPOINT_EVERY}
+        trainer = _train(base / method / "whole", **common)
+        if method == "sync-easgd" and rank == 0:
+            out["sync-easgd-center"] = trainer.method.center.clone()  # type: ignore[attr-defined]
+        interrupted = base / method / "interrupted"
+        _train(interrupted, **common, target="loss<=100", stop_at_target=True)
+        if rank == 0:
+            checkpoint = torch.load(interrupted / "checkpoint.pt", weights_only=True)
+            shards = sorted((interrupted / "checkpoint-ranks").iterdir())
+            out[method] = {
+                "checkpoint_step": checkpoint["step"],
+                "shards": [p.name for p in shards],
+                "steps": [torch.load(p, weights_only=True)["step"] for p in shards],
+                "replicas": [_flat(torch.load(p, weights_only=True)["model"]) for p in shards],
+            }
+        dist.barrier()  # rank 0 has read the shards before the resume overwrites them
+        _train(interrupted, **common, resume=True)
+    # async-easgd: 10 steps with a checkpoint at the last, then a resume with nothing to do
+    run = base / "async-easgd"
+    settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 10}
+    _train(run, **settings, eval_every=10)
+    if rank == 0:
+        checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+        out["async-easgd"] = {"step": checkpoint["step"], "center": _flat(checkpoint["model"])}
+    dist.barrier()
+    _train(run, **settings, eval_every=10, resume=True)
+    return out
+
+
+def _flat(state: dict[str, torch.Tensor]) -> np.ndarray:
+    return torch.cat([t.reshape(-1).float() for t in state.values()]).numpy()
+
+
+def _saved(run: Path) -> np.ndarray:
+    return _flat(torch.load(run / "model.pt", weights_only=True))
+
+
+def _final_metrics(run: Path) -> dict[str, float]:
+    return json.loads((run / "summary.json").read_text())["final_metrics"]
+
+
+def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
+    four_ranks: tuple[list[dict[str, Any]], Path],
+) -> None:
+    ranks, root = four_ranks
+    assert len(ranks) == WORLD
+    results, tmp_path = ranks[0]["shard-resume"], root / "shard-resume"
+    for method in REPLICATED:
+        res = results[method]
+        assert res["checkpoint_step"] == 20, (method, res["checkpoint_step"])
+        assert res["shards"] == [f"rank-{r}.pt" for r in range(WORLD)], method
+        assert res["steps"] == [20] * WORLD, method
+        # the replicas differ at the checkpoint (rank 2 is on the other node in two-level)
+        assert not np.array_equal(res["replicas"][0], res["replicas"][2]), method
+        whole, resumed = tmp_path / method / "whole", tmp_path / method / "interrupted"
+        assert np.array_equal(_saved(whole), _saved(resumed)), method
+        assert _final_metrics(whole) == _final_metrics(resumed), method
+        history = json.loads((resumed / "summary.json").read_text())["history"]
+        assert [h["step"] for h in history] == [STOP, STEPS], (method, history)
+    # sync-easgd: the model evaluated and saved is the center; 30 steps, a round every 3,
+    # alpha = 0.9 / 4 workers
+    whole = tmp_path / "sync-easgd" / "whole"
+    assert np.array_equal(_saved(whole), results["sync-easgd-center"])
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["rounds"] == STEPS // TAU and summary["tau"] == TAU
+    assert summary["alpha"] == 0.9 / WORLD
+    assert summary["final_metrics"]["accuracy"] > 0.5, summary["final_metrics"]  # chance: 1/3
+    checkpoint = results["async-easgd"]
+    assert checkpoint["step"] == 10
+    assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])
