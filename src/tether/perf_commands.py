@@ -137,7 +137,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload_for(args: argparse.Namespace, config: TrainConfig, profile_path: str):
+def _workload_for(config: TrainConfig, profile_path: str):
     """The profile file's own timed workload when it is of this model (any batch: scaled);
     otherwise the model's FLOPs counted here (times from the profile's FLOP/s)."""
     from tether.perf.workload import Workload
@@ -174,7 +174,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             )
     config = _config(args)
     profile = load_profile(args.profile)
-    workload = _workload_for(args, config, args.profile)
+    workload = _workload_for(config, args.profile)
     out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
     settings: dict[str, Any] = {
         "bucket_mb": args.bucket_mb,
