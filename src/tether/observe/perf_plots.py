@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from tether.observe.files import atomic_write
 
 BREAKDOWN = (
-    ("forward + backward", "#4c72b0"),
+    ("data + forward + backward", "#4c72b0"),
     ("update", "#8fbc8f"),
     ("communication (not hidden)", "#dd8452"),
 )
@@ -30,7 +30,7 @@ def _save(figure: Figure, path: Path) -> Path:
 def plot_breakdown(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> Path:
     """One horizontal bar per prediction (``label``, ``compute_s``, ``update_s``,
     ``exposed_comm_s``, in seconds): the iteration split into its parts, in milliseconds."""
-    figure = Figure(figsize=(9, max(2.8, 1.4 + 0.42 * len(rows))), dpi=110, layout="constrained")
+    figure = Figure(figsize=(9, max(3.2, 1.8 + 0.42 * len(rows))), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.subplots()
     labels = [str(r["label"]) for r in rows]
@@ -48,7 +48,8 @@ def plot_breakdown(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str)
     ax.invert_yaxis()
     ax.set_xlabel("predicted time per iteration (ms)")
     ax.set_xlim(0, max(left, default=1.0) * 1.18 or 1.0)
-    ax.legend(loc="lower right", fontsize="small")
+    # below the axes: inside, it would hide the last bars
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small")
     ax.set_title(title)
     return _save(figure, path)
 
