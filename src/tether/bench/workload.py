@@ -88,21 +88,12 @@ def measure_workload(
                 )
     total_forward: list[float] = []
     backward: dict[str, list[float]] = {n: [] for n in names}
-    update: list[float] = []
     try:
         for i in range(warmup + repeats):
-            optimizer.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            value = loss(model(inputs), targets)
-            t1 = time.perf_counter()
-            value.backward()
-            t2 = time.perf_counter()
-            optimizer.step()
-            t3 = time.perf_counter()
+            t0, t1, _, _ = _timed_step(model, inputs, targets, loss, optimizer)
             if i < warmup:
                 continue
             total_forward.append(t1 - t0)
-            update.append(t3 - t2)
             previous = t1  # backward starts when the loss is ready
             for n in reversed(names):  # backward order
                 when = ready.get(n, previous)
@@ -142,7 +133,6 @@ def measure_workload(
     ]
     other = max(0.0, clean_forward - sum(forward_medians.values()))
     costs.append(LayerCost(OTHER, (), flops[OTHER], other, 0.0))
-    del update  # the hooks do not touch the update: its clean time is the one kept
     return Workload(
         model=name,
         batch_size=batch,
@@ -163,15 +153,27 @@ def _clean_step(
     """Median forward (with the loss), backward and update seconds of steps without hooks."""
     times: list[tuple[float, float, float]] = []
     for i in range(repeats + 1):
-        optimizer.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        value = loss(model(inputs), targets)
-        t1 = time.perf_counter()
-        value.backward()
-        t2 = time.perf_counter()
-        optimizer.step()
-        t3 = time.perf_counter()
+        t0, t1, t2, t3 = _timed_step(model, inputs, targets, loss, optimizer)
         if i:  # the first is a warm-up
             times.append((t1 - t0, t2 - t1, t3 - t2))
     forward, backward, update = (statistics.median(column) for column in zip(*times, strict=True))
     return forward, backward, update
+
+
+def _timed_step(
+    model: nn.Module,
+    inputs: Any,
+    targets: Any,
+    loss: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+) -> tuple[float, float, float, float]:
+    """One training step; ``time.perf_counter()`` at its start, after the loss, after backward
+    and after the update."""
+    optimizer.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    value = loss(model(inputs), targets)
+    t1 = time.perf_counter()
+    value.backward()
+    t2 = time.perf_counter()
+    optimizer.step()
+    return t0, t1, t2, time.perf_counter()
