@@ -1,0 +1,348 @@
+"""Model parallelism against the unsharded model, the way PyTorch's tensor-parallel tests check it:
+every rank builds the same full model (same seed) and input, keeps a deep copy as the oracle,
+shards another copy, and compares forward outputs, input gradients, weight gradients (each rank's
+slice, gathered) and the weights after two momentum steps.
+
+Tolerances: float64 1e-10 absolute (the sharded sums differ from the whole ones only in the order
+of additions); float32 1e-5 relative to the largest value.
+
+All of it runs in the 4-rank group shared with other modules (tests/distributed/conftest.py):
+K = 4 over the whole group, K = 2 in each half of a 2 x 2 grid, the collectives of a column -> row
+pair counted through the transport, and 20 sync-sgd steps of the 2 x 2 grid against one process
+on the global batch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.data import GlobalBatchSampler
+from tether.errors import TetherError
+from tether.methods import MethodContext, StepTimes
+from tether.methods.sync_sgd import SyncSGD
+from tether.parallel import (
+    DistArray,
+    ProcessGrid,
+    check_plan,
+    full_state_dict,
+    parallelize,
+    parse_plan,
+    sharded_layers,
+)
+from tether.parallel.mappings import all_gather_dim
+
+F64_TOL = 1e-10
+F32_REL_TOL = 1e-5
+GRID_STEPS = 20
+PER_WORKER = 8
+
+
+class WideMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(12, 16)
+        self.fc2 = nn.Linear(16, 8)
+        self.fc3 = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+MLP_PLAN = {"fc1": "column", "fc2": "row", "fc3": "column"}
+
+
+class SmallCNN(nn.Module):
+    """conv (channel) -> conv (input-channel) -> flatten -> fc (column) -> fc (row)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8 * 2 * 2, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+CNN_PLAN = {"conv1": "channel", "conv2": "input-channel", "fc1": "column", "fc2": "row"}
+
+
+class FlattenCNN(nn.Module):
+    """Channel-sharded images flattened straight into a row-parallel layer (no gather), a
+    batch norm that must see whole channels (gathers), and a ``view`` in the forward code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 4 * 4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.conv1(x)))
+        x = F.max_pool2d(F.relu(self.conv2(x)) * 0.5 + 0.1, 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+FLATTEN_PLAN = {"conv1": "channel", "conv2": "channel", "fc": "row"}
+
+
+class CountingTransport:
+    """A transport that counts the collectives the sharded layers call on it."""
+
+    def __init__(self, inner: TorchTransport) -> None:
+        self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+        self.calls: Counter[str] = Counter()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Any:
+        self.calls["all_reduce"] += 1
+        return self.inner.all_reduce(tensor, op, async_op)
+
+    def all_gather(self, tensor: torch.Tensor) -> None:
+        self.calls["all_gather"] += 1
+        self.inner.all_gather(tensor)
+
+
+def _input(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    return torch.randn(*shape, generator=gen, dtype=dtype), torch.randint(0, 4, (shape[0],))
+
+
+def _gathered_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    for prefix, layer in sharded_layers(model).items():
+        for name, dim in layer.split_dims.items():
+            key = f"{prefix}.{name}"
+            if dim is not None and key in grads:
+                grads[key] = all_gather_dim(grads[key], layer.group, dim)
+    return grads
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _against_unsharded(
+    build: type[nn.Module], plan: dict[str, str], group: Any, shape: tuple[int, ...], dtype: Any
+) -> dict[str, float]:
+    """Largest differences between the sharded and the unsharded model: output, input gradient,
+    weight gradients, weights after two momentum-SGD steps (relative for float32)."""
+    torch.manual_seed(0)
+    full = build().to(dtype)
+    oracle, sharded = copy.deepcopy(full), parallelize(copy.deepcopy(full), plan, group)
+    x, y = _input(shape, dtype)
+    results: dict[str, float] = {}
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (oracle, sharded)]
+    for step in range(2):
+        outs, xs = [], []
+        for model, opt in zip((oracle, sharded), opts, strict=True):
+            xi = x.clone().requires_grad_()
+            opt.zero_grad()
+            out = model(xi)
+            F.cross_entropy(out, y).backward()
+            outs.append(out.detach())
+            xs.append(xi)
+        if step == 0:
+            assert not isinstance(outs[1], DistArray), "the model's output is made whole"
+            scale = 1.0 if dtype == torch.float64 else float(outs[0].abs().max())
+            results["output"] = float((outs[0] - outs[1]).abs().max()) / scale
+            results["input_grad"] = float((xs[0].grad - xs[1].grad).abs().max()) / scale  # type: ignore[operator]
+            results["weight_grad"] = _max_diff(
+                {n: p.grad for n, p in oracle.named_parameters()},  # type: ignore[misc]
+                _gathered_grads(sharded),
+            )
+        for opt in opts:
+            opt.step()
+    results["weights"] = _max_diff(oracle.state_dict(), full_state_dict(sharded))
+    return results
+
+
+def _column_row_counts(group: TorchTransport) -> dict[str, int]:
+    """Collectives of one forward and one backward through an unsharded layer, then a column ->
+    row pair: one all-reduce each way, nothing else."""
+    counting = CountingTransport(group)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    parallelize(model, {"1": "column", "3": "row"}, counting)
+    x, _ = _input((5, 6), torch.float32)
+    out = model(x)
+    forward = dict(counting.calls)
+    out.sum().backward()
+    total = dict(counting.calls)
+    return {
+        "forward_all_reduce": forward.get("all_reduce", 0),
+        "forward_all_gather": forward.get("all_gather", 0),
+        "backward_all_reduce": total.get("all_reduce", 0) - forward.get("all_reduce", 0),
+        "backward_all_gather": total.get("all_gather", 0) - forward.get("all_gather", 0),
+    }
+
+
+def _flatten_forward_counts(group: TorchTransport) -> dict[str, int]:
+    """FlattenCNN's forward moves what its consumers need and nothing more: the batch norm
+    gathers conv1's channels (one all-gather), the arithmetic, pooling and ``view`` keep conv2's
+    channel slices, which the row-parallel layer takes as they are (its one all-reduce)."""
+    counting = CountingTransport(group)
+    torch.manual_seed(0)
+    model = parallelize(FlattenCNN(), FLATTEN_PLAN, counting)
+    model(_input((5, 1, 8, 8), torch.float32)[0])
+    return dict(counting.calls)
+
+
+def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
+    """20 sync-sgd steps on a 2 (data) x 2 (model) grid against one process on the global
+    batch; the data-parallel group holds the same slices, so sync-sgd runs over it."""
+    grid = ProcessGrid.build(world, 2, timeout_s=30)
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(96, 12, generator=gen), torch.randint(0, 4, (96,), generator=gen)
+    torch.manual_seed(0)
+    full = WideMLP()
+    oracle = copy.deepcopy(full)
+    sharded = parallelize(copy.deepcopy(full), MLP_PLAN, grid.model)
+    config = TrainConfig(lr=0.05, momentum=0.9, bucket_mb=0.0001)
+    method = SyncSGD(sharded, MethodContext(config, grid.data, torch.device("cpu")))
+    method.start()
+    opt = torch.optim.SGD(oracle.parameters(), lr=0.05, momentum=0.9)
+    sampler = GlobalBatchSampler(len(x), PER_WORKER * grid.data_parallel, seed=3)
+    for step in range(GRID_STEPS):
+        idx = sampler.worker_indices(step, grid.data_rank, grid.data_parallel)
+
+        def backward(idx: torch.Tensor = idx) -> torch.Tensor:
+            loss = F.cross_entropy(method.model(x[idx]), y[idx])
+            loss.backward()
+            return loss.detach()
+
+        method.zero_grad()
+        method.step(backward, StepTimes())
+        whole = sampler.worker_indices(step, 0, 1)
+        opt.zero_grad()
+        F.cross_entropy(oracle(x[whole]), y[whole]).backward()
+        opt.step()
+    method.finish(None)
+    ours, theirs = full_state_dict(method.model), oracle.state_dict()
+    scale = max(float(v.abs().max()) for v in theirs.values())
+    return {
+        "grid_weights": _max_diff(ours, theirs) / scale,
+        "model_rank": float(grid.model_rank),
+        "data_rank": float(grid.data_rank),
+    }
+
+
+def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """This module's part of the 4-rank group."""
+    world = TorchTransport()
+    out: dict[str, Any] = {}
+    for name, build, plan, shape in (
+        ("mlp", WideMLP, MLP_PLAN, (6, 12)),
+        ("cnn", SmallCNN, CNN_PLAN, (5, 1, 8, 8)),
+        ("flatten", FlattenCNN, FLATTEN_PLAN, (5, 1, 8, 8)),
+    ):
+        out[f"k4/{name}/f64"] = _against_unsharded(build, plan, world, shape, torch.float64)
+    grid = ProcessGrid.build(world, 2, timeout_s=30)
+    for name, build, plan, shape in (
+        ("mlp", WideMLP, MLP_PLAN, (6, 12)),
+        ("cnn", SmallCNN, CNN_PLAN, (5, 1, 8, 8)),
+        ("flatten", FlattenCNN, FLATTEN_PLAN, (5, 1, 8, 8)),
+    ):
+        for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
+            out[f"k2/{name}/{label}"] = _against_unsharded(build, plan, grid.model, shape, dtype)
+    out["counts"] = _column_row_counts(grid.model)
+    out["flatten_counts"] = _flatten_forward_counts(grid.model)
+    out["grid"] = _grid_sync_sgd(world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(four_ranks: tuple[list[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    return [rank["model-parallel"] for rank in four_ranks[0]]
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn", "flatten"])
+@pytest.mark.parametrize("grid", ["k4", "k2"])
+def test_sharded_model_equals_the_unsharded_one(results: list[dict[str, Any]], case, grid):
+    for rank, result in enumerate(results):
+        diffs = result[f"{grid}/{case}/f64"]
+        assert max(diffs.values()) < F64_TOL, (rank, diffs)
+        if grid == "k2":
+            diffs32 = result[f"{grid}/{case}/f32"]
+            assert max(diffs32.values()) < F32_REL_TOL, (rank, diffs32)
+
+
+def test_a_column_row_pair_costs_one_all_reduce_each_way(results: list[dict[str, Any]]):
+    for result in results:
+        assert result["counts"] == {
+            "forward_all_reduce": 1,
+            "forward_all_gather": 0,
+            "backward_all_reduce": 1,
+            "backward_all_gather": 0,
+        }
+
+
+def test_activations_move_only_where_a_consumer_needs_them(results: list[dict[str, Any]]):
+    for result in results:
+        assert result["flatten_counts"] == {"all_gather": 1, "all_reduce": 1}
+
+
+def test_grid_sync_sgd_equals_one_process_on_the_global_batch(results: list[dict[str, Any]]):
+    places = set()
+    for result in results:
+        grid = result["grid"]
+        assert grid["grid_weights"] < F32_REL_TOL, grid
+        places.add((grid["data_rank"], grid["model_rank"]))
+    assert places == {(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)}
+
+
+# -- plans checked before anything runs (one process) -------------------------------------------
+@pytest.mark.parametrize(
+    "plan, parts, message",
+    [
+        ({"fc9": "column"}, 2, "has no layer 'fc9'; its Linear/Conv2d layers are fc1, fc2, fc3"),
+        ({"fc1": "column"}, 3, "fc1 has 16 output features, which do not split into 3"),
+        ({"fc3": "row"}, 3, "fc3 has 8 input features, which do not split into 3"),
+        ({"fc1": "channel"}, 2, "fc1 is a Linear layer, which splits 'column' or 'row'"),
+        ({}, 2, "model parallelism needs a plan naming the layers to split"),
+    ],
+)
+def test_bad_plans_are_one_line(plan, parts, message):
+    with pytest.raises(TetherError, match=message) as info:
+        check_plan(WideMLP(), plan, parts)
+    assert "\n" not in str(info.value)
+
+
+def test_a_layer_without_a_sharding_rule_is_refused():
+    model = FlattenCNN()
+    with pytest.raises(TetherError, match="norm is a BatchNorm2d; only Linear and Conv2d"):
+        check_plan(model, {"norm": "column"}, 2)
+    grouped = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2))
+    with pytest.raises(TetherError, match="grouped or non-zero-padded Conv2d"):
+        check_plan(grouped, {"0": "channel"}, 2)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("fc1", "a parallel plan entry is layer=kind"),
+        ("fc1=diagonal", "kinds are column, row, channel, input-channel"),
+        ("fc1=column,fc1=row", "names layer 'fc1' twice"),
+    ],
+)
+def test_bad_plan_text(text, message):
+    with pytest.raises(TetherError, match=message):
+        parse_plan(text)
+
+
+def test_plan_text_forms_agree():
+    assert parse_plan("fc1=column, fc2=row") == parse_plan(["fc1=column", "fc2=row"])
+    assert parse_plan({"fc1": "column", "fc2": "row"}) == {"fc1": "column", "fc2": "row"}
