@@ -138,10 +138,15 @@ def check_data(config: TrainConfig) -> None:
 
 def check_global_batch(config: TrainConfig, samples: int) -> None:
     """A step takes one global batch: a data set smaller than that has no step to take."""
-    global_batch = config.batch_size * config.workers * config.accumulate
+    global_batch = config.batch_size * config.data_workers * config.accumulate
+    who = (
+        f"{config.data_workers} model groups"
+        if config.model_parallel > 1
+        else f"{config.workers} workers"
+    )
     if global_batch > samples:
         raise TetherError(
-            f"the global batch ({config.workers} workers x batch {config.batch_size} x "
+            f"the global batch ({who} x batch {config.batch_size} x "
             f"accumulate {config.accumulate} = {global_batch}) is larger than the training set "
             f"({samples} samples): lower --batch-size or --workers"
         )
@@ -151,7 +156,9 @@ def check_launch(config: TrainConfig) -> None:
     """What a local run needs beyond a valid config: the fault rank exists, the backend's
     devices do (a one-line TetherError otherwise)."""
     from tether.launch.worker import resolve_backend
+    from tether.training.model_parallel import check_model_parallel
 
+    check_model_parallel(config)
     processes = config.workers + METHODS.get(config.method).server_processes
     if config.fault_rank >= processes:
         raise TetherError(
@@ -219,6 +226,8 @@ def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
             messages.append("lr_decay_power applies to --lr-schedule poly only")
         elif key == "lars_eta" and config.optimizer != "lars":
             messages.append("lars_eta applies to --optimizer lars only")
+        elif key == "parallel_plan" and config.model_parallel == 1:
+            messages.append("parallel_plan applies with model_parallel > 1 only")
     return messages
 
 

@@ -102,6 +102,18 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--rho", "rho", float, "EASGD elastic coefficient: alpha = lr * rho"),
     ("--tau", "tau", int, "communication period in local steps (EASGD, local-sgd, async)"),
     ("--staleness-bound", "staleness_bound", int, "async-sgd/msgd: drop staler gradients"),
+    (
+        "--model-parallel",
+        "model_parallel",
+        int,
+        "ranks per model group, which split the layers --parallel-plan names (default 1)",
+    ),
+    (
+        "--parallel-plan",
+        "parallel_plan",
+        str,
+        "layers to split: name=kind,... with kinds column, row, channel, input-channel",
+    ),
 ]
 
 
@@ -225,6 +237,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.methods import METHODS
     from tether.observe.summary import run_summary_text
     from tether.runner import launch_training
+    from tether.training.model_parallel import check_plan_on_task
     from tether.training.probe import probe_task
     from tether.training.run_dir import check_run_dir
 
@@ -236,8 +249,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     # that does not fit the data).
     check_data(config)
     check_launch(config)
-    if uses_import_paths(config):
-        probe_task(task_from_config(config))
+    if uses_import_paths(config) or config.model_parallel > 1:
+        task = task_from_config(config)
+        probe_task(task)
+        check_plan_on_task(config, task)  # every layer the plan splits, before launch
     check_run_dir(config, args.overwrite)  # before anything is printed or launched
     processes = config.workers + METHODS.get(config.method).server_processes
     print(

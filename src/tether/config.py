@@ -114,6 +114,11 @@ class TrainConfig:
     compress: str = "none"
     # Ranks per node for the hierarchical collective; 0 takes the launcher's local world size.
     ranks_per_node: int = 0
+    # Model parallelism (tether.parallel): model groups of this many ranks split the layers that
+    # parallel_plan names ("layer=kind": column, row, channel, input-channel); the workers // K
+    # data-parallel workers each see their own share of the global batch.
+    model_parallel: int = 1
+    parallel_plan: tuple[str, ...] = ()
     # Write DIR/timeline.json, a Chrome trace of compute and communication per rank.
     timeline: bool = False
     # Also write TensorBoard event files to DIR/tensorboard (needs the tensorboard package).
@@ -154,8 +159,13 @@ class TrainConfig:
     fault_kind: str = "raise"
 
     @property
+    def data_workers(self) -> int:
+        """The data-parallel workers: every model group of ``model_parallel`` ranks is one."""
+        return self.workers // self.model_parallel
+
+    @property
     def global_batch_size(self) -> int:
-        return self.batch_size * self.workers
+        return self.batch_size * self.data_workers
 
     @property
     def scaled_lr(self) -> float:
@@ -226,6 +236,14 @@ class TrainConfig:
                 f"workers ({self.workers}) must be a multiple of ranks_per_node "
                 f"({self.ranks_per_node})",
             )
+        _require(
+            self.model_parallel >= 1, f"model_parallel must be >= 1, got {self.model_parallel}"
+        )
+        _require(
+            self.workers % self.model_parallel == 0,
+            f"model_parallel ({self.model_parallel}) must divide the {self.workers} workers "
+            "(each model group takes that many ranks); choose workers as a multiple of it",
+        )
         _require(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}")
         _require(
             self.fault_kind in FAULT_KINDS, f"fault_kind must be one of {', '.join(FAULT_KINDS)}"

@@ -43,6 +43,7 @@ from tether.catalog import (
 from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
 from tether.runner import launch_training
+from tether.training.model_parallel import check_plan_on_task
 from tether.training.probe import probe_task
 from tether.training.run_dir import check_run_dir
 from tether.training.task import Task, describe
@@ -107,6 +108,9 @@ def fit(
       run in ``out`` from its last checkpoint (``checkpoint_every=N``); an ``out`` that already
       holds something is refused unless ``resume=True`` or ``overwrite=True`` (which replaces
       Tether's files there, and nothing else).
+    - ``model_parallel=K`` with ``parallel_plan={"fc1": "column", "fc2": "row"}``: model
+      groups of K ranks split the named layers (docs/parallel.md); sync-sgd, sync-easgd and
+      local-sgd run over the data-parallel axis.
     - ``**options``: any other config key (``tau``, ``alpha``, ``allreduce``, ``compress``,
       ``seed``, ``lr``, ``accumulate``, ...).
 
@@ -122,6 +126,7 @@ def fit(
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
     probe_task(task)
     check_launch(config)
+    check_plan_on_task(config, task)
     if isinstance(task.train_data, Sized):
         check_global_batch(config, len(task.train_data))
     run_dir = Path(str(config.out))
@@ -169,6 +174,9 @@ def _config(
             values[key] = value
     if metrics is not None and not isinstance(metrics, Mapping):
         values["metrics"] = tuple(metrics)
+    plan = values.get("parallel_plan")
+    if isinstance(plan, Mapping):  # {"fc1": "column"}: the config's "fc1=column" entries
+        values["parallel_plan"] = tuple(f"{name}={kind}" for name, kind in plan.items())
     if target is not None:
         values["target"] = _target(target)
     if log is not None:

@@ -37,6 +37,7 @@ from tether.errors import TetherError
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
 from tether.optim.schedules import check_schedule
+from tether.parallel.grid import ProcessGrid
 from tether.precision import LossScaler, Precision, ScalerSettings
 
 # How far one report of the global step may move a worker's schedule (each step of a
@@ -91,12 +92,14 @@ class Placement:
 
 @dataclass(frozen=True)
 class MethodContext:
-    """Runtime objects a method is built with (never part of a config)."""
+    """Runtime objects a method is built with (never part of a config). Under model
+    parallelism ``transport`` is the data-parallel group's and ``grid`` the whole grid."""
 
     config: TrainConfig
     transport: TorchTransport
     device: torch.device
     placement: Placement = field(default_factory=Placement)
+    grid: ProcessGrid | None = None
 
 
 class TrainingMethod(ABC):
@@ -128,6 +131,10 @@ class TrainingMethod(ABC):
     # rank checkpoints its own replica and optimizer (a shard), so that a resume with the same
     # workers continues exactly; else rank 0's state stands for all.
     per_rank_state: ClassVar[bool] = False
+    # Whether the method runs over the data-parallel axis of a data x model grid
+    # (tether.parallel): every model group of K ranks then acts as one of its workers, over
+    # the context's transport, which is the data-parallel group's.
+    composes_with_model_parallel: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -40,6 +40,7 @@ class LocalSGD(TrainingMethod):
     defaults = {"lr": 0.05, "tau": 4}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"tau", "momentum"}
+    composes_with_model_parallel = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
         super().__init__(*args, **kwargs)

@@ -39,6 +39,7 @@ class SyncEASGD(TrainingMethod):
     per_rank_state = True
     defaults = {"lr": 0.4}
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "single_message"}
+    composes_with_model_parallel = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
         super().__init__(*args, **kwargs)

@@ -42,6 +42,7 @@ class SyncSGD(BucketedGradients):
     defaults = {"lr": 0.1}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"bucket_mb", "momentum", "overlap"}
+    composes_with_model_parallel = True
     bucketer: GradientBucketer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments

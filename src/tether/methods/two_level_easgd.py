@@ -71,6 +71,7 @@ class TwoLevelEASGD(BucketedGradients, SyncEASGD):
 
     name = "two-level-easgd"
     per_rank_state = True
+    composes_with_model_parallel = False  # its node groups are cut from the world's ranks
     defaults = {"lr": 0.1, "tau": 4}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "bucket_mb", "momentum"}

@@ -29,6 +29,17 @@ from tether.parallel.dist_array import DistArray, Layout
 from tether.parallel.mappings import copy_to_shards, reduce_from_shards, scatter_to_shards
 
 
+class _SharedGroup:
+    """The group as a sharded layer holds it: shared, never copied, so a deep copy of a sharded
+    model (the EASGD center, an evaluation copy) splits its layers over the same group."""
+
+    def __init__(self, group: Transport) -> None:
+        self.group = group
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedGroup:
+        return self
+
+
 class ShardedLayer(nn.Module):
     """Base of the sharded layers: the group, and which dimension of each parameter is split
     (None: the parameter is whole on every rank)."""
@@ -39,8 +50,12 @@ class ShardedLayer(nn.Module):
 
     def __init__(self, group: Transport) -> None:
         super().__init__()
-        self.group = group
+        self._shared_group = _SharedGroup(group)
         self._register_load_state_dict_pre_hook(self._slice_whole_tensors)
+
+    @property
+    def group(self) -> Transport:
+        return self._shared_group.group
 
     @classmethod
     def from_module(cls, module: nn.Module, group: Transport) -> ShardedLayer:

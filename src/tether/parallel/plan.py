@@ -49,7 +49,8 @@ def parse_plan(plan: Mapping[str, str] | Iterable[str] | str | None) -> dict[str
     if isinstance(plan, Mapping):
         items = [(str(k), str(v)) for k, v in plan.items()]
     else:
-        entries = plan.split(",") if isinstance(plan, str) else list(plan)
+        texts = [plan] if isinstance(plan, str) else list(plan)
+        entries = [part for text in texts for part in str(text).split(",") if part.strip()]
         items = []
         for entry in entries:
             name, sep, kind = str(entry).partition("=")

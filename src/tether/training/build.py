@@ -10,6 +10,8 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.methods import METHODS, MethodContext, Placement, TrainingMethod
 from tether.optim.schedules import build_scheduler
+from tether.parallel import ProcessGrid
+from tether.training.model_parallel import shard_model
 from tether.training.task import Task
 
 
@@ -39,20 +41,23 @@ def build_method(
     placement: Placement,
     total_steps: int,
     epoch_steps: int,
+    grid: ProcessGrid | None = None,
 ) -> TrainingMethod:
     """The task's model (seeded the same on every rank: replicas start identical, and methods
-    broadcast rank 0's anyway), its optimizer (the task's factory, or the method's own local
-    step) and schedule, and the method around them; not started."""
+    broadcast rank 0's anyway; under model parallelism each rank then keeps its slices of the
+    layers the plan splits), its optimizer (the task's factory, or the method's own local step)
+    and schedule, and the method around them, over ``transport`` (the data-parallel group's
+    under model parallelism); not started."""
     method_cls = METHODS.get(config.method)
     torch.manual_seed(config.seed)
-    model = task.build_model().to(device)
+    model = shard_model(task.build_model(), config, grid).to(device)
     optimizer = (
         task.optimizer(model.parameters())
         if task.optimizer is not None
         else method_cls.build_default_optimizer(model.parameters(), config)
     )
     scheduler = build_scheduler(task.scheduler, optimizer, total_steps, epoch_steps)
-    context = MethodContext(config, transport, device, placement)
+    context = MethodContext(config, transport, device, placement, grid)
     return method_cls(model, context, optimizer, scheduler)
 
 

@@ -117,6 +117,13 @@ def remove_stale_temporaries(out: Path) -> None:
 
 
 def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) -> None:
+    grid = int(state.get("model_parallel", 1))
+    if grid != config.model_parallel or (grid > 1 and state.get("workers") != config.workers):
+        raise TetherError(
+            f"cannot resume: {path} is a run of {state.get('workers')} workers in model groups "
+            f"of {grid}; each rank resumes from its own slices, so resume with --workers "
+            f"{state.get('workers')} --model-parallel {grid}"
+        )
     workers, batch = state.get("workers"), state.get("batch_size")
     if config.method not in SAME_GLOBAL_BATCH or workers is None or batch is None:
         return

@@ -26,7 +26,7 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler
-from tether.errors import WorkerFailure
+from tether.errors import TetherError, WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
 from tether.methods.ps_method import ServeResult, ServerMethod
 from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
@@ -42,6 +42,7 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
+from tether.parallel import full_state_dict
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import (
     build_method,
@@ -53,6 +54,7 @@ from tether.training.checkpoint import load_checkpoint, load_shard, save_checkpo
 from tether.training.evaluation import Evaluator
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
+from tether.training.model_parallel import build_grid
 from tether.training.objective import Objective
 from tether.training.task import Task
 
@@ -85,14 +87,20 @@ class Trainer:
         self.config = config
         self.task = task
         self.device = runtime.device
-        self.transport = runtime.transport
-        self.is_writer = self.transport.rank == 0
+        # The world's transport names the process (files, faults, shards); the data-parallel
+        # group's (the world's, but under model parallelism) shards the data, evaluates and
+        # carries the method.
+        self.world = runtime.transport
+        self.rank = self.world.rank
+        self.grid = build_grid(self.world, config)
+        self.transport = self.grid.data if self.grid is not None else self.world
+        self.is_writer = self.rank == 0
         self.run_dir = Path(config.out)
         self.timeline = get_timeline()
         if config.timeline:
             # Before the method is built, so its first collectives are on the trace too.
-            clear_rank_file(self.run_dir, self.transport.rank)
-            self.timeline = install_timeline(self.transport.rank)
+            clear_rank_file(self.run_dir, self.rank)
+            self.timeline = install_timeline(self.rank)
         self.step_tracer = StepTracer(self.timeline)
         self.timeline_saved = False
 
@@ -102,9 +110,16 @@ class Trainer:
         spe = self.steps_per_epoch = steps_per_epoch(config, samples, self.workers)
         self.total_steps = config.steps if config.steps is not None else config.epochs * spe
         self.method: TrainingMethod = build_method(
-            config, task, self.transport, self.device, runtime.placement, self.total_steps, spe
+            config,
+            task,
+            self.transport,
+            self.device,
+            runtime.placement,
+            self.total_steps,
+            spe,
+            self.grid,
         )
-        hang_after_send = send_fault(config, self.transport.rank, self.run_dir)
+        hang_after_send = send_fault(config, self.rank, self.run_dir)
         if (
             hang_after_send is not None
             and isinstance(self.method, ServerMethod)
@@ -183,8 +198,9 @@ class Trainer:
                         self._save_timeline()
                     totals = self._all_reduced(self.totals)
                     eval_model = self.method.eval_model()  # collective: every rank calls it
+                    model_state = self._model_state(eval_model)  # collective too
                     if self.is_writer:
-                        self._write_results(last, totals, eval_model, self.method.summary_extra())
+                        self._write_results(last, totals, model_state, self.method.summary_extra())
             # The other ranks wrote their files before the final synchronisation, so rank 0 can
             # merge here, also under torchrun where no launcher outlives the workers (ranks on
             # other machines: see docs/timeline.md).
@@ -230,7 +246,7 @@ class Trainer:
                 {"rank": rank, "reason": reason} for rank, reason in result.lost_workers.items()
             ],
         }
-        self._write_results(last, result.totals, self.method.eval_model(), extra)
+        self._write_results(last, result.totals, self.method.eval_model().state_dict(), extra)
         self._check_complete(result)
 
     def _check_complete(self, result: ServeResult) -> None:
@@ -316,7 +332,7 @@ class Trainer:
                 begin = time.perf_counter()
                 batch = next(batches)
                 data_s = time.perf_counter() - begin
-                maybe_inject_fault(config, self.transport.rank, step, self.run_dir)
+                maybe_inject_fault(config, self.rank, step, self.run_dir)
                 called = self.step_tracer.before_step() if tracing else time.perf_counter()
                 losses, samples, later_data_s = [], 0, 0.0
                 for micro in range(k):
@@ -387,7 +403,7 @@ class Trainer:
         if not self.timeline.enabled or self.timeline_saved:
             return
         self.timeline_saved = True
-        write_rank_file(self.run_dir, self.transport.rank, self.timeline)
+        write_rank_file(self.run_dir, self.rank, self.timeline)
         if merge:
             merge_timeline(self.run_dir)
 
@@ -443,20 +459,32 @@ class Trainer:
     def _rank_world(self) -> tuple[int, int]:
         return self.transport.rank, self.transport.world_size
 
+    def _model_state(self, model: nn.Module) -> dict[str, Any]:
+        """The model's state_dict; under model parallelism the unsharded model's, gathered
+        from the model group (collective: every rank calls it)."""
+        return full_state_dict(model) if self.grid is not None else model.state_dict()
+
+    @property
+    def _shards(self) -> bool:
+        """Whether every rank checkpoints its own state: methods whose replicas differ, and
+        every model-parallel run (each rank holds other slices and their optimizer state)."""
+        return (self.method.per_rank_state or self.grid is not None) and not self.has_server
+
     def _checkpoint(self, step: int) -> None:
-        shards = self.method.per_rank_state and not self.has_server
+        shards = self._shards
         if not self.is_writer and not shards:
             return
         with self.timeline.span("checkpoint", "checkpoint", step=step):
+            model_state = self._model_state(self.method.model) if shards else None
             if shards:
                 # Every rank's shard is on disk before rank 0's checkpoint names them.
                 own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
-                save_shard(self.run_dir, self.transport.rank, {"step": step, **own})
-                self.transport.barrier()
+                save_shard(self.run_dir, self.rank, {"step": step, **own})
+                self.world.barrier()
             if self.is_writer:
-                self._checkpoint_now(step)
+                self._checkpoint_now(step, model_state)
 
-    def _checkpoint_now(self, step: int) -> None:
+    def _checkpoint_now(self, step: int, model_state: dict[str, Any] | None) -> None:
         # The metrics up to this step reach the disk first: a crash after the checkpoint must
         # not lose the lines a resume will not write again.
         self.metrics.flush()
@@ -464,10 +492,11 @@ class Trainer:
             "method_name": self.config.method,
             "model_name": self.task.model_name,
             "step": step,
-            "workers": self.workers,
+            "workers": self.workers * self.config.model_parallel,
             "batch_size": self.config.batch_size,
-            "shards": self.transport.world_size if self.method.per_rank_state else 0,
-            "model": self.method.model.state_dict(),
+            "shards": self.world.world_size if self._shards else 0,
+            "model_parallel": self.config.model_parallel,
+            "model": model_state if model_state is not None else self.method.model.state_dict(),
             "method": self.method.state_dict(),
             "history": self.history,
             "elapsed_s": self._elapsed(),
@@ -479,12 +508,18 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> None:
         step = int(state["step"])
         shard = None
-        if state.get("shards") == self.transport.world_size:  # same ranks: each its own state
-            shard = load_shard(self.run_dir, self.transport.rank, step)
+        if state.get("shards") == self.world.world_size:  # same ranks: each its own state
+            shard = load_shard(self.run_dir, self.rank, step)
             # All ranks or none: a rank without its shard makes every rank start from rank 0's.
             every = torch.tensor([0 if shard is None else 1])
-            self.transport.all_reduce(every, op="min")
+            self.world.all_reduce(every, op="min")
             shard = shard if bool(every.item()) else None
+        if shard is None and self.grid is not None:
+            raise TetherError(
+                "a model-parallel run resumes from every rank's own checkpoint shard, with the "
+                "same workers and model_parallel; some are missing or were written by another "
+                "grid"
+            )
         if shard is not None:
             self.method.model.load_state_dict(shard["model"])
             self.method.load_state_dict({**shard["method"], "own_replica": True})
@@ -498,7 +533,11 @@ class Trainer:
         self.time_to_target = state["time_to_target_s"]
 
     def _write_results(
-        self, last_step: int, totals: PhaseTotals, eval_model: nn.Module, extra: dict[str, Any]
+        self,
+        last_step: int,
+        totals: PhaseTotals,
+        model_state: dict[str, Any],
+        extra: dict[str, Any],
     ) -> None:
         wall = self._elapsed()
         final = self.history[-1] if self.history else {}
@@ -510,7 +549,8 @@ class Trainer:
         config = self.config
         summary = {
             "method": config.method,
-            "workers": self.workers,
+            "workers": self.workers * config.model_parallel,  # every model group's ranks
+            "model_parallel": config.model_parallel,
             "model": self.task.model_name,
             "dataset": self.task.data_name,
             "seed": config.seed,
@@ -546,5 +586,5 @@ class Trainer:
             **extra,
             "history": self.history,
         }
-        atomic_write(self.run_dir / "model.pt", lambda h: torch.save(eval_model.state_dict(), h))
+        atomic_write(self.run_dir / "model.pt", lambda h: torch.save(model_state, h))
         atomic_write_json(self.run_dir / "summary.json", summary)

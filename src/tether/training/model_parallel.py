@@ -1,0 +1,75 @@
+"""Model parallelism in a training run: what is checked before the workers start, and how a
+worker's model is sharded over its model group (:mod:`tether.parallel`).
+
+A run with ``model_parallel = K`` over N workers is a grid of N/K model groups
+(:class:`~tether.parallel.grid.ProcessGrid`): each group splits the layers the plan names and
+takes one share of the global batch, and the method (sync-sgd, sync-easgd or local-sgd) runs
+over the data-parallel groups, each model group acting as one of its workers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
+from tether.errors import TetherError
+from tether.methods import METHODS
+from tether.parallel import ProcessGrid, check_plan, parallelize, parse_plan
+from tether.training.task import Task
+
+# Optimizers whose update depends on a whole tensor's norm: under a split tensor each rank would
+# see its slice's norm (the norms must be reduced over the model group: not done yet).
+_NORM_OPTIMIZERS = ("lars", "lamb")
+
+
+def composing_methods() -> list[str]:
+    return [name for name in METHODS.names() if METHODS.get(name).composes_with_model_parallel]
+
+
+def check_model_parallel(config: TrainConfig) -> None:
+    """What can be checked from the config alone: the method composes, no setting needs a whole
+    tensor's norm or a shared overflow decision, the plan parses (one TetherError line)."""
+    if config.model_parallel == 1:
+        return
+    method = config.method
+    if not METHODS.get(method).composes_with_model_parallel:
+        raise TetherError(
+            f"{method} does not run with model parallelism (its workers exchange whole models "
+            f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
+        )
+    if config.precision == "fp16":
+        raise TetherError(
+            "fp16 with model parallelism is not supported yet (the ranks of a model group "
+            "would decide on overflow alone): use bf16 or fp32"
+        )
+    if config.clip_grad_norm is not None or config.optimizer in _NORM_OPTIMIZERS:
+        raise TetherError(
+            "gradient clipping, LARS and LAMB need a whole tensor's norm, which model "
+            "parallelism splits over a group: not supported with model_parallel > 1 yet"
+        )
+    parse_plan(config.parallel_plan)
+
+
+def check_plan_on_task(config: TrainConfig, task: Task) -> None:
+    """The plan against the task's model (built once here, the caller's random state kept):
+    every layer exists, has a sharding rule and splits into ``model_parallel`` parts."""
+    if config.model_parallel == 1:
+        return
+    with torch.random.fork_rng(devices=[]):
+        model = task.build_model()
+    check_plan(model, parse_plan(config.parallel_plan), config.model_parallel)
+
+
+def build_grid(world: TorchTransport, config: TrainConfig) -> ProcessGrid | None:
+    """The data x model grid of a model-parallel run (collective), None otherwise."""
+    if config.model_parallel == 1:
+        return None
+    return ProcessGrid.build(world, config.model_parallel, config.timeout_s)
+
+
+def shard_model(model: nn.Module, config: TrainConfig, grid: ProcessGrid | None) -> nn.Module:
+    if grid is None:
+        return model
+    return parallelize(model, parse_plan(config.parallel_plan), grid.model)
