@@ -8,8 +8,9 @@ of additions); float32 1e-5 relative to the largest value.
 
 All of it runs in the 4-rank group shared with other modules (tests/distributed/conftest.py):
 K = 4 over the whole group, K = 2 in each half of a 2 x 2 grid, the collectives of a column -> row
-pair counted through the transport, and 20 sync-sgd steps of the 2 x 2 grid against one process
-on the global batch.
+pair counted through the transport, 20 sync-sgd steps of the 2 x 2 grid against one process on
+the global batch, and sync-easgd and local-sgd over the grid's data-parallel axis against the
+same methods on unsharded replicas.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
 from tether.errors import TetherError
 from tether.methods import MethodContext, StepTimes
+from tether.methods.local_sgd import LocalSGD
+from tether.methods.sync_easgd import SyncEASGD
 from tether.methods.sync_sgd import SyncSGD
 from tether.parallel import (
     DistArray,
@@ -240,6 +243,46 @@ def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
     }
 
 
+def _grid_method_vs_unsharded(world: TorchTransport, method_cls: Any) -> float:
+    """A data-parallel method over the grid's data-parallel groups, each model group one of its
+    workers, against the same method on unsharded replicas over groups of the same ranks (a
+    second grid, so the two runs' collectives never share a group): largest relative difference
+    of the evaluated models (the center for sync-easgd) after ``GRID_STEPS`` steps."""
+    grid = ProcessGrid.build(world, 2, timeout_s=30)
+    twin = ProcessGrid.build(world, 2, timeout_s=30)
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(96, 12, generator=gen), torch.randint(0, 4, (96,), generator=gen)
+    torch.manual_seed(0)
+    full = WideMLP()
+    config = TrainConfig(lr=0.05, tau=2, bucket_mb=0.0001)
+    cpu = torch.device("cpu")
+    ours = method_cls(
+        parallelize(copy.deepcopy(full), MLP_PLAN, grid.model),
+        MethodContext(config, grid.data, cpu, grid=grid),
+    )
+    theirs = method_cls(copy.deepcopy(full), MethodContext(config, twin.data, cpu))
+    sampler = GlobalBatchSampler(len(x), PER_WORKER * grid.data_parallel, seed=3)
+    for method in (ours, theirs):
+        method.start()
+    for step in range(GRID_STEPS):
+        idx = sampler.worker_indices(step, grid.data_rank, grid.data_parallel)
+        for method in (ours, theirs):
+
+            def backward(m: Any = method, idx: torch.Tensor = idx) -> torch.Tensor:
+                loss = F.cross_entropy(m.model(x[idx]), y[idx])
+                loss.backward()
+                return loss.detach()
+
+            method.zero_grad()
+            method.step(backward, StepTimes())
+    for method in (ours, theirs):
+        method.finish(None)
+    got = full_state_dict(ours.eval_model())
+    want = theirs.eval_model().state_dict()
+    scale = max(float(v.abs().max()) for v in want.values())
+    return _max_diff(got, want) / scale
+
+
 def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     """This module's part of the 4-rank group."""
     world = TorchTransport()
@@ -261,6 +304,8 @@ def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["counts"] = _column_row_counts(grid.model)
     out["flatten_counts"] = _flatten_forward_counts(grid.model)
     out["grid"] = _grid_sync_sgd(world)
+    out["grid_sync_easgd"] = _grid_method_vs_unsharded(world, SyncEASGD)
+    out["grid_local_sgd"] = _grid_method_vs_unsharded(world, LocalSGD)
     return out
 
 
@@ -302,6 +347,16 @@ def test_grid_sync_sgd_equals_one_process_on_the_global_batch(results: list[dict
         assert grid["grid_weights"] < F32_REL_TOL, grid
         places.add((grid["data_rank"], grid["model_rank"]))
     assert places == {(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)}
+
+
+@pytest.mark.parametrize("method", ["sync_easgd", "local_sgd"])
+def test_elastic_and_local_averaging_over_the_data_parallel_axis(
+    results: list[dict[str, Any]], method: str
+):
+    """Each model group acts as one sync-easgd (local-sgd) worker: the run equals the method on
+    unsharded replicas, one per model group."""
+    for result in results:
+        assert result[f"grid_{method}"] < F32_REL_TOL, result[f"grid_{method}"]
 
 
 # -- plans checked before anything runs (one process) -------------------------------------------
