@@ -255,8 +255,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_plan_on_task(config, task)  # every layer the plan splits, before launch
     check_run_dir(config, args.overwrite)  # before anything is printed or launched
     processes = config.workers + METHODS.get(config.method).server_processes
+    groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(
-        f"tether: {config.method} on {config.workers} workers ({processes} processes), "
+        f"tether: {config.method} on {config.workers} workers{groups} ({processes} processes), "
         f"{config.model} / {config.dataset}, run directory {config.out}",
         file=sys.stderr,
     )

@@ -385,6 +385,16 @@ def test_example_parameter_server_loop() -> None:
     assert len(scores) == 2 and min(scores) >= 0.6, result.stdout
 
 
+def test_example_model_parallel_loop() -> None:
+    """ctx.parallelize + ctx.wrap under tether launch: a 2 x 2 grid trains with sync-easgd, and
+    the gathered state_dict loads into the unsharded model."""
+    script = str(EXAMPLES / "model_parallel_loop.py")
+    result = _run([sys.executable, "-m", "tether", "launch", "--workers", "4", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert accuracy >= 0.7, result.stdout  # ten classes: chance is 10%
+
+
 def test_examples_are_the_ones_the_docs_name() -> None:
     docs = (ROOT / "docs" / "api.md").read_text()
     for example in sorted(EXAMPLES.glob("*.py")):

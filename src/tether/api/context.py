@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -28,8 +29,10 @@ from tether.launch.env import DistEnv
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.metrics import PhaseTotals
+from tether.parallel import is_parallel, parallelize, parse_plan
 from tether.precision import Precision
 from tether.training.method_optimizer import MethodOptimizer
+from tether.training.model_parallel import build_grid
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
@@ -61,6 +64,9 @@ class Context:
         self.device = device
         self.env = env
         self.placement = placement
+        # Model parallelism: the method and the data shards follow the data-parallel axis.
+        self.grid = build_grid(transport, config)
+        self.data = self.grid.data if self.grid is not None else transport
         self.method_class = METHODS.get(config.method)
         self.servers = self.method_class.server_processes
         self.method: TrainingMethod | None = None
@@ -82,13 +88,27 @@ class Context:
 
     @property
     def workers(self) -> int:
-        """Processes that compute gradients (a parameter server is not one of them)."""
-        return self.world_size - self.servers
+        """Workers that take their own share of each global batch: the processes that compute
+        gradients (a parameter server is not one), or under model parallelism the model groups."""
+        return self.data.world_size - self.servers
 
     @property
     def worker_index(self) -> int:
-        """This process's index among the computing workers (the server has none: -1)."""
-        return self.rank - self.servers
+        """This process's index among those workers (the server has none: -1); the ranks of a
+        model group share theirs."""
+        return self.data.rank - self.servers
+
+    def parallelize(self, model: ModelT, plan: Mapping[str, str] | None = None) -> ModelT:
+        """Split ``model``'s layers over this rank's model group (``model_parallel`` in
+        ``tether.init``), by ``plan`` (``{"fc1": "column", "fc2": "row"}``; default: the
+        ``parallel_plan`` option), in place; call it before building the optimizer. Every rank
+        must build the same model first (seed alike). Save with
+        ``tether.parallel.full_state_dict(ctx.eval_model())`` on every rank."""
+        if self.grid is None:
+            raise TetherError("ctx.parallelize needs tether.init(..., model_parallel=K), K > 1")
+        chosen = parse_plan(plan if plan is not None else self.config.parallel_plan)
+        parallelize(model, chosen, self.grid.model)
+        return model
 
     @property
     def is_server(self) -> bool:
@@ -119,10 +139,15 @@ class Context:
             raise TetherError("ctx.wrap was called twice: one context binds one model")
         if self.finished:
             raise TetherError("ctx.wrap after ctx.finish: call tether.init again for a new run")
+        if self.grid is not None and not is_parallel(model):
+            raise TetherError(
+                "under model parallelism call model = ctx.parallelize(model) before building "
+                "the optimizer and wrapping"
+            )
         model.to(self.device)  # in place: an optimizer built over its parameters stays valid
         if optimizer is not None:
             _check_optimizer_covers(model, optimizer)
-        context = MethodContext(self.config, self.transport, self.device, self.placement)
+        context = MethodContext(self.config, self.data, self.device, self.placement, self.grid)
         method = self.method_class(model, context, optimizer, scheduler)
         method.start(0)
         self.method = method

@@ -29,6 +29,7 @@ from tether.launch.worker import (
 )
 from tether.methods import METHODS
 from tether.runner import placement_of
+from tether.training.model_parallel import check_model_parallel
 
 COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
 _generation = 0  # process groups this process has started: each meets under its own key prefix
@@ -70,6 +71,7 @@ def init(method: str | None = None, **options: Any) -> Context:
     values = {**options, "method": method, "workers": env.world_size - servers}
     config = resolve_config(None, values, method_defaults=method_defaults)
     check_names(config, supplied=COMPONENT_KEYS)
+    check_model_parallel(config)
     if env.rank == 0:
         warn_ignored(config, set(options), stacklevel=2)
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)

@@ -68,8 +68,10 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     if target is None and summary.get("target_accuracy") is not None:
         target = f"accuracy>={summary['target_accuracy']:.2%}"
     reached = summary.get("time_to_target_s")
+    grid = int(summary.get("model_parallel") or 1)
+    groups = f" (model groups of {grid})" if grid > 1 else ""
     lines = [
-        f"{summary['method']} on {summary['workers']} workers, {summary['model']} / "
+        f"{summary['method']} on {summary['workers']} workers{groups}, {summary['model']} / "
         f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
         _metrics_line(summary),
         f"  wall time {summary['wall_time_s']:.1f} s  ({summary['samples_per_s']:.0f} samples/s)",
