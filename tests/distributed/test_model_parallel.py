@@ -42,6 +42,7 @@ from tether.parallel import (
     sharded_layers,
 )
 from tether.parallel.mappings import all_gather_dim
+from tether.parallel.norms import clip_grad_norm_
 
 F64_TOL = 1e-10
 F32_REL_TOL = 1e-5
@@ -204,9 +205,10 @@ def _flatten_forward_counts(group: TorchTransport) -> dict[str, int]:
     return dict(counting.calls)
 
 
-def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
+def _grid_sync_sgd(world: TorchTransport, clip: float | None = None) -> dict[str, float]:
     """20 sync-sgd steps on a 2 (data) x 2 (model) grid against one process on the global
-    batch; the data-parallel group holds the same slices, so sync-sgd runs over it."""
+    batch; the data-parallel group holds the same slices, so sync-sgd runs over it. With
+    ``clip``, both clip the gradient's global norm (ours: of every slice together)."""
     grid = ProcessGrid.build(world, 2, timeout_s=30)
     gen = torch.Generator().manual_seed(11)
     x, y = torch.randn(96, 12, generator=gen), torch.randint(0, 4, (96,), generator=gen)
@@ -214,8 +216,8 @@ def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
     full = WideMLP()
     oracle = copy.deepcopy(full)
     sharded = parallelize(copy.deepcopy(full), MLP_PLAN, grid.model)
-    config = TrainConfig(lr=0.05, momentum=0.9, bucket_mb=0.0001)
-    method = SyncSGD(sharded, MethodContext(config, grid.data, torch.device("cpu")))
+    config = TrainConfig(lr=0.05, momentum=0.9, bucket_mb=0.0001, clip_grad_norm=clip)
+    method = SyncSGD(sharded, MethodContext(config, grid.data, torch.device("cpu"), grid=grid))
     method.start()
     opt = torch.optim.SGD(oracle.parameters(), lr=0.05, momentum=0.9)
     sampler = GlobalBatchSampler(len(x), PER_WORKER * grid.data_parallel, seed=3)
@@ -232,6 +234,8 @@ def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
         whole = sampler.worker_indices(step, 0, 1)
         opt.zero_grad()
         F.cross_entropy(oracle(x[whole]), y[whole]).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(oracle.parameters(), clip)
         opt.step()
     method.finish(None)
     ours, theirs = full_state_dict(method.model), oracle.state_dict()
@@ -240,6 +244,64 @@ def _grid_sync_sgd(world: TorchTransport) -> dict[str, float]:
         "grid_weights": _max_diff(ours, theirs) / scale,
         "model_rank": float(grid.model_rank),
         "data_rank": float(grid.data_rank),
+    }
+
+
+def _grid_overflow(world: TorchTransport, method_cls: Any) -> dict[str, Any]:
+    """fp16 on the 2 x 2 grid, an inf forced into rank 1's slice of fc1's weight gradient at
+    step 2 (a slice no other rank holds): which ranks skip that step."""
+    grid = ProcessGrid.build(world, 2, timeout_s=30)
+    config = TrainConfig(precision="fp16", lr=0.1, tau=50, bucket_mb=0.0001)
+    torch.manual_seed(0)
+    model = parallelize(WideMLP(), MLP_PLAN, grid.model)
+    cpu = torch.device("cpu")
+    method = method_cls(model, MethodContext(config, grid.data, cpu, grid=grid))
+    method.start()
+    moved_at_bad_step = None
+    for step in range(4):
+        gen = torch.Generator().manual_seed(100 * grid.data_rank + step)
+        x, y = torch.randn(8, 12, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        hook = None
+        if world.rank == 1 and step == 2:
+            hook = model.fc1.weight.register_hook(
+                lambda g: g.index_fill(1, torch.tensor([0]), float("inf"))
+            )
+
+        def backward(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            with method.precision.autocast(cpu):
+                loss = F.cross_entropy(model(x), y)
+            method.backward_loss(loss)
+            return loss.detach()
+
+        before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+        method.zero_grad()
+        method.step(backward, StepTimes())
+        if hook is not None:
+            hook.remove()
+        after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        if step == 2:
+            moved_at_bad_step = bool((after != before).any())
+    method.finish(None)
+    return {"moved_at_bad_step": moved_at_bad_step, "skipped": method.scaler.skipped}
+
+
+def _clipped_gradients(group: TorchTransport) -> dict[str, float]:
+    """parallel.clip_grad_norm_ on the sharded model against torch's on the unsharded one:
+    the norm, and the clipped gradients (gathered)."""
+    torch.manual_seed(0)
+    full = WideMLP()
+    oracle, sharded = copy.deepcopy(full), parallelize(copy.deepcopy(full), MLP_PLAN, group)
+    x, y = _input((6, 12), torch.float32)
+    for model in (oracle, sharded):
+        F.cross_entropy(model(x), y).backward()
+    want = torch.nn.utils.clip_grad_norm_(oracle.parameters(), 0.05)
+    got = clip_grad_norm_(sharded, 0.05)
+    return {
+        "norm": abs(float(got) - float(want)) / float(want),
+        "grads": _max_diff(
+            {n: p.grad for n, p in oracle.named_parameters()},  # type: ignore[misc]
+            _gathered_grads(sharded),
+        ),
     }
 
 
@@ -304,6 +366,10 @@ def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["counts"] = _column_row_counts(grid.model)
     out["flatten_counts"] = _flatten_forward_counts(grid.model)
     out["grid"] = _grid_sync_sgd(world)
+    out["grid_clipped"] = _grid_sync_sgd(world, clip=0.05)
+    out["clipped"] = _clipped_gradients(grid.model)
+    out["overflow_sync_sgd"] = _grid_overflow(world, SyncSGD)
+    out["overflow_local_sgd"] = _grid_overflow(world, LocalSGD)
     out["grid_sync_easgd"] = _grid_method_vs_unsharded(world, SyncEASGD)
     out["grid_local_sgd"] = _grid_method_vs_unsharded(world, LocalSGD)
     return out
@@ -357,6 +423,30 @@ def test_elastic_and_local_averaging_over_the_data_parallel_axis(
     unsharded replicas, one per model group."""
     for result in results:
         assert result[f"grid_{method}"] < F32_REL_TOL, result[f"grid_{method}"]
+
+
+def test_clipping_takes_the_norm_of_every_slice_together(results: list[dict[str, Any]]):
+    for result in results:
+        assert result["clipped"]["norm"] < F32_REL_TOL, result["clipped"]
+        assert result["clipped"]["grads"] < 1e-7, result["clipped"]
+        assert result["grid_clipped"]["grid_weights"] < F32_REL_TOL, result["grid_clipped"]
+
+
+def test_an_overflow_in_one_slice_is_skipped_by_its_whole_model_group(
+    results: list[dict[str, Any]],
+):
+    """sync-sgd: every rank of the grid skips the step (the data-parallel sum and the model
+    group's MAX); local-sgd: the two ranks of rank 1's model group skip it, the other model
+    group (another local-sgd worker) does not."""
+    for rank, result in enumerate(results):
+        sync = result["overflow_sync_sgd"]
+        assert sync == {"moved_at_bad_step": False, "skipped": 1}, (rank, sync)
+        local = result["overflow_local_sgd"]
+        in_group = rank in (0, 1)
+        assert local == {"moved_at_bad_step": not in_group, "skipped": int(in_group)}, (
+            rank,
+            local,
+        )
 
 
 # -- plans checked before anything runs (one process) -------------------------------------------

@@ -81,12 +81,8 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
             "async-sgd does not run with model parallelism",
         ),
         (
-            ["--method", "sync-sgd", "--precision", "fp16", "--model-parallel", "2"],
-            "fp16 with model parallelism is not supported yet",
-        ),
-        (
-            ["--method", "sync-sgd", "--clip-grad-norm", "1", "--model-parallel", "2"],
-            "gradient clipping, LARS and LAMB need a whole tensor's norm",
+            ["--method", "sync-sgd", "--optimizer", "lars", "--model-parallel", "2"],
+            "LARS takes each tensor's norm, which model parallelism splits over a group",
         ),
         (
             ["--method", "sync-sgd", "--model-parallel", "2", "--parallel-plan", "fc=diagonal"],

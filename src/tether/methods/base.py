@@ -38,6 +38,8 @@ from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
 from tether.optim.schedules import check_schedule
 from tether.parallel.grid import ProcessGrid
+from tether.parallel.norms import clip_grad_norm_ as clip_sharded_grad_norm_
+from tether.parallel.norms import shared_over
 from tether.precision import LossScaler, Precision, ScalerSettings
 
 # How far one report of the global step may move a worker's schedule (each step of a
@@ -160,7 +162,10 @@ class TrainingMethod(ABC):
                     f"{type(optimizer).__name__} takes its gradient inside step(), where fp16's "
                     "loss scale cannot be checked: use bf16, or another optimizer"
                 )
-            self.scaler = LossScaler(ScalerSettings.of(self.config), self.overflow_sharing())
+            sharing = self.overflow_sharing()
+            if context.grid is not None:  # a slice's overflow is the whole model group's
+                sharing = shared_over(context.grid.model, sharing)
+            self.scaler = LossScaler(ScalerSettings.of(self.config), sharing)
         self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
         self.own_replica_restored = False  # set by load_state_dict from a rank's own shard
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k
@@ -309,7 +314,9 @@ class TrainingMethod(ABC):
         ``clip_grad_norm_``): called after the gradients' communication, so the replicas of a
         synchronous method clip identical gradients alike."""
         max_norm = self.config.clip_grad_norm
-        if max_norm is not None:
+        if max_norm is not None and self.context.grid is not None:
+            clip_sharded_grad_norm_(self.model, max_norm)  # the norm of every slice together
+        elif max_norm is not None:
             grads = [p for p in self.model.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(grads, max_norm)
 

@@ -49,8 +49,8 @@ class BucketedGradients(TrainingMethod):
         """The global norm over the fused buffer at once (every gradient is a view of it), with
         ``clip_grad_norm_``'s formula; after the all-reduce, so every rank clips alike."""
         max_norm = self.config.clip_grad_norm
-        if self.bucketer is None or max_norm is None:
-            super().clip_gradients()
+        if self.bucketer is None or max_norm is None or self.context.grid is not None:
+            super().clip_gradients()  # (under model parallelism: the slices' norm together)
             return
         flat = self.bucketer.flat
         coefficient = max_norm / (torch.linalg.vector_norm(flat) + 1e-6)

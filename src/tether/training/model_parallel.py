@@ -19,8 +19,9 @@ from tether.methods import METHODS
 from tether.parallel import ProcessGrid, check_plan, parallelize, parse_plan
 from tether.training.task import Task
 
-# Optimizers whose update depends on a whole tensor's norm: under a split tensor each rank would
-# see its slice's norm (the norms must be reduced over the model group: not done yet).
+# Optimizers whose update depends on each tensor's norm (LARS's and LAMB's trust ratios): under a
+# split tensor each rank would see its slice's (a per-tensor reduction over the model group
+# inside their step is the missing piece; clipping's global norm is reduced: parallel.norms).
 _NORM_OPTIMIZERS = ("lars", "lamb")
 
 
@@ -29,8 +30,8 @@ def composing_methods() -> list[str]:
 
 
 def check_model_parallel(config: TrainConfig) -> None:
-    """What can be checked from the config alone: the method composes, no setting needs a whole
-    tensor's norm or a shared overflow decision, the plan parses (one TetherError line)."""
+    """What can be checked from the config alone: the method composes, the optimizer needs no
+    per-tensor norm, the plan parses (one TetherError line)."""
     if config.model_parallel == 1:
         return
     method = config.method
@@ -39,15 +40,11 @@ def check_model_parallel(config: TrainConfig) -> None:
             f"{method} does not run with model parallelism (its workers exchange whole models "
             f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
         )
-    if config.precision == "fp16":
+    if config.optimizer in _NORM_OPTIMIZERS:
         raise TetherError(
-            "fp16 with model parallelism is not supported yet (the ranks of a model group "
-            "would decide on overflow alone): use bf16 or fp32"
-        )
-    if config.clip_grad_norm is not None or config.optimizer in _NORM_OPTIMIZERS:
-        raise TetherError(
-            "gradient clipping, LARS and LAMB need a whole tensor's norm, which model "
-            "parallelism splits over a group: not supported with model_parallel > 1 yet"
+            f"{config.optimizer.upper()} takes each tensor's norm, which model parallelism "
+            "splits over a group: not supported with model_parallel > 1 yet (use sgd, adam, "
+            "adamw)"
         )
     parse_plan(config.parallel_plan)
 

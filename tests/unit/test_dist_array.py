@@ -1,0 +1,110 @@
+"""DistArray's layout rules, in one process: which operations keep an array's layout (and send
+nothing), and which make it whole first (and send what). The group is a stand-in for two ranks
+that hold the same slice (its all-reduce doubles, its all-gather repeats rank 0's chunk), which
+is all these rules need: the numerics against real groups are tests/distributed's."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tether.parallel import PARTIAL, DistArray, Layout
+
+
+class TwinGroup:
+    """Rank 0 of two ranks whose slices are equal: every collective is counted."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Any:
+        self.calls["all_reduce"] += 1
+        tensor.mul_(2)
+
+    def all_gather(self, tensor: torch.Tensor) -> None:
+        self.calls["all_gather"] += 1
+        half = tensor.numel() // 2
+        tensor[half:] = tensor[:half]
+
+
+def _images(group: TwinGroup) -> DistArray:
+    """(N=3, C=4 of 8 channels, 4, 4) sharded along the channels."""
+    return DistArray(torch.randn(3, 4, 4, 4), Layout.sharded(1), group)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        F.relu,
+        torch.tanh,
+        torch.sigmoid,
+        F.gelu,
+        lambda x: F.max_pool2d(x, 2),
+        lambda x: F.avg_pool2d(x, 2),
+        lambda x: F.adaptive_avg_pool2d(x, 1),
+        lambda x: x * 0.5 + 1,
+        lambda x: 2 * x - x,
+        lambda x: -x,
+        lambda x: x.relu(),
+        lambda x: torch.flatten(x, 1),
+        lambda x: x.flatten(1),
+        lambda x: x.view(x.size(0), -1),
+        lambda x: x.reshape(3, -1),
+    ],
+)
+def test_what_keeps_a_channel_sharding_sends_nothing(op) -> None:
+    group = TwinGroup()
+    out = op(_images(group))
+    assert isinstance(out, DistArray) and out.layout == Layout.sharded(1), out
+    assert group.calls == Counter()
+
+
+def test_a_flattened_channel_slice_is_a_feature_slice() -> None:
+    group = TwinGroup()
+    x = _images(group)
+    flat = x.flatten(1)
+    assert flat.shape == torch.Size([3, 8 * 16])  # the whole tensor's shape
+    assert torch.equal(flat.local, x.local.flatten(1))
+
+
+@pytest.mark.parametrize(
+    "op, calls",
+    [
+        (lambda x: F.softmax(x, dim=1), {"all_gather": 1}),  # mixes the channels
+        (lambda x: x.view(-1), {"all_gather": 1}),  # merges the batch with the channels
+        (lambda x: x.flatten(0, 1), {"all_gather": 1}),
+        (lambda x: x.sum(), {"all_gather": 1}),  # any other tensor method: of the whole
+        (lambda x: x + torch.ones(3, 8, 4, 4), {"all_gather": 1}),
+    ],
+)
+def test_what_needs_the_whole_tensor_gathers_once(op, calls) -> None:
+    group = TwinGroup()
+    out = op(_images(group))
+    assert isinstance(out, torch.Tensor)
+    assert group.calls == Counter(calls)
+
+
+def test_partial_sums_stay_partial_only_under_linear_maps() -> None:
+    group = TwinGroup()
+    part = DistArray(torch.ones(2, 3), PARTIAL, group)
+    assert isinstance(part * 3, DistArray) and (part * 3).layout == PARTIAL
+    assert isinstance(part + part, DistArray) and group.calls == Counter()
+    # adding a number, or a nonlinearity, must see the sum: one all-reduce each
+    assert torch.equal(part + 1, torch.full((2, 3), 3.0))
+    assert torch.equal(F.relu(part), torch.full((2, 3), 2.0))
+    assert group.calls == Counter({"all_reduce": 2})
+
+
+def test_whole_tensors_come_back_with_their_shape() -> None:
+    group = TwinGroup()
+    x = _images(group)
+    whole = x.full()
+    assert whole.shape == (3, 8, 4, 4)
+    assert torch.equal(whole[:, :4], x.local) and torch.equal(whole[:, 4:], x.local)
+    assert DistArray.whole({"a": [x]})["a"][0].shape == (3, 8, 4, 4)
