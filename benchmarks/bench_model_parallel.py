@@ -162,12 +162,13 @@ def _training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) ->
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _memory_on_rank(rank: int, world_size: int, args: Any) -> dict[str, Any]:
+def _memory_on_rank(rank: int, world_size: int, args: Any, name: str) -> dict[str, Any]:
+    """One layout in a fresh group of processes, so each process's peak memory is its own."""
     torch.set_num_threads(1)
     world = TorchTransport()
     grid = ProcessGrid.build(world, WORLD, 60)
     out: dict[str, Any] = {}
-    for name, k in (("data", 1), ("model", WORLD)):
+    for k in (LAYOUTS[name],):
         torch.manual_seed(0)
         model: nn.Module = WideMLP(args.memory_hidden)
         if k > 1:
@@ -203,16 +204,20 @@ def _sgd_step(method: SyncSGD, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def memory_part(args: Any, info: dict[str, str], started: float) -> None:
-    ranks = run_spawned(_memory_on_rank, WORLD, args, timeout_s=900)
+    ranks: list[dict[str, Any]] = [{} for _ in range(WORLD)]
+    for name in ("data", "model"):
+        for rank, result in enumerate(
+            run_spawned(_memory_on_rank, WORLD, args, name, timeout_s=900)
+        ):
+            ranks[rank].update(result)
     budget = args.budget_mib * 2**20
     params = _parameters(args.memory_hidden)
     lines = [
         f"Wide MLP 784 -> {args.memory_hidden} x 3 -> 10 ({params / 1e6:.1f}M parameters), "
         f"momentum SGD, global batch {args.memory_batch}, {args.memory_steps} steps, {WORLD} "
         f"ranks; a stated budget of {args.budget_mib} MiB per process for the training state "
-        "(weights + gradients + momentum, counted after the steps). Peak RSS is the process's "
-        "(torch, the data and the earlier layout included: the data-parallel layout runs first, "
-        "so the model layout's figure is at least the data layout's).",
+        "(weights + gradients + momentum, counted after the steps). Each layout runs in its own "
+        "processes; peak RSS is a process's whole (torch and the batch included).",
         "",
         "| layout | training state per rank | fits the budget | peak RSS per rank | "
         "s per step | loss, first -> last step |",
@@ -363,6 +368,7 @@ def main() -> None:
     for name, values in table.items():
         batches = sorted(values)
         ax.plot(batches, [values[b] * 1e3 for b in batches], marker="o", label=name)
+    ax.axvline(by_bytes, color="gray", linestyle=":", label="predicted crossover (bytes)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch")
     ax.set_ylabel("time per step (ms, median)")
