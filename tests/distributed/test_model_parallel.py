@@ -32,6 +32,7 @@ from tether.methods import MethodContext, StepTimes
 from tether.methods.local_sgd import LocalSGD
 from tether.methods.sync_easgd import SyncEASGD
 from tether.methods.sync_sgd import SyncSGD
+from tether.optim import LAMB, LARS
 from tether.parallel import (
     DistArray,
     ProcessGrid,
@@ -205,10 +206,21 @@ def _flatten_forward_counts(group: TorchTransport) -> dict[str, int]:
     return dict(counting.calls)
 
 
-def _grid_sync_sgd(world: TorchTransport, clip: float | None = None) -> dict[str, float]:
+def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    if name == "lars":
+        return LARS(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    if name == "lamb":
+        return LAMB(params, lr=0.01, weight_decay=1e-4)
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def _grid_sync_sgd(
+    world: TorchTransport, clip: float | None = None, optimizer: str = "sgd"
+) -> dict[str, float]:
     """20 sync-sgd steps on a 2 (data) x 2 (model) grid against one process on the global
     batch; the data-parallel group holds the same slices, so sync-sgd runs over it. With
-    ``clip``, both clip the gradient's global norm (ours: of every slice together)."""
+    ``clip``, both clip the gradient's global norm (ours: of every slice together); with LARS
+    or LAMB, the trust ratios take the norms of whole tensors (ours: summed over the group)."""
     grid = ProcessGrid.build(world, 2, timeout_s=30)
     gen = torch.Generator().manual_seed(11)
     x, y = torch.randn(96, 12, generator=gen), torch.randint(0, 4, (96,), generator=gen)
@@ -217,9 +229,10 @@ def _grid_sync_sgd(world: TorchTransport, clip: float | None = None) -> dict[str
     oracle = copy.deepcopy(full)
     sharded = parallelize(copy.deepcopy(full), MLP_PLAN, grid.model)
     config = TrainConfig(lr=0.05, momentum=0.9, bucket_mb=0.0001, clip_grad_norm=clip)
-    method = SyncSGD(sharded, MethodContext(config, grid.data, torch.device("cpu"), grid=grid))
+    context = MethodContext(config, grid.data, torch.device("cpu"), grid=grid)
+    method = SyncSGD(sharded, context, _optimizer(optimizer, sharded.parameters()))
     method.start()
-    opt = torch.optim.SGD(oracle.parameters(), lr=0.05, momentum=0.9)
+    opt = _optimizer(optimizer, oracle.parameters())
     sampler = GlobalBatchSampler(len(x), PER_WORKER * grid.data_parallel, seed=3)
     for step in range(GRID_STEPS):
         idx = sampler.worker_indices(step, grid.data_rank, grid.data_parallel)
@@ -367,6 +380,8 @@ def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["flatten_counts"] = _flatten_forward_counts(grid.model)
     out["grid"] = _grid_sync_sgd(world)
     out["grid_clipped"] = _grid_sync_sgd(world, clip=0.05)
+    out["grid_lars"] = _grid_sync_sgd(world, optimizer="lars")
+    out["grid_lamb"] = _grid_sync_sgd(world, optimizer="lamb")
     out["clipped"] = _clipped_gradients(grid.model)
     out["overflow_sync_sgd"] = _grid_overflow(world, SyncSGD)
     out["overflow_local_sgd"] = _grid_overflow(world, LocalSGD)
@@ -430,6 +445,18 @@ def test_clipping_takes_the_norm_of_every_slice_together(results: list[dict[str,
         assert result["clipped"]["norm"] < F32_REL_TOL, result["clipped"]
         assert result["clipped"]["grads"] < 1e-7, result["clipped"]
         assert result["grid_clipped"]["grid_weights"] < F32_REL_TOL, result["grid_clipped"]
+
+
+@pytest.mark.parametrize("optimizer", ["lars", "lamb"])
+def test_trust_ratios_take_the_norms_of_whole_tensors(
+    results: list[dict[str, Any]], optimizer: str
+):
+    """LARS and LAMB on the 2 x 2 grid equal them on one process (their per-tensor norms of a
+    split weight are summed over the model group through their reduce_norms hook)."""
+    for result in results:
+        assert result[f"grid_{optimizer}"]["grid_weights"] < F32_REL_TOL, result[
+            f"grid_{optimizer}"
+        ]
 
 
 def test_an_overflow_in_one_slice_is_skipped_by_its_whole_model_group(

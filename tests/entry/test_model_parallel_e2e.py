@@ -81,10 +81,6 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
             "async-sgd does not run with model parallelism",
         ),
         (
-            ["--method", "sync-sgd", "--optimizer", "lars", "--model-parallel", "2"],
-            "LARS takes each tensor's norm, which model parallelism splits over a group",
-        ),
-        (
             ["--method", "sync-sgd", "--model-parallel", "2", "--parallel-plan", "fc=diagonal"],
             "kinds are column, row, channel, input-channel",
         ),

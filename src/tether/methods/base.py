@@ -39,7 +39,7 @@ from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, ne
 from tether.optim.schedules import check_schedule
 from tether.parallel.grid import ProcessGrid
 from tether.parallel.norms import clip_grad_norm_ as clip_sharded_grad_norm_
-from tether.parallel.norms import shared_over
+from tether.parallel.norms import reduce_trust_norms, shared_over
 from tether.precision import LossScaler, Precision, ScalerSettings
 
 # How far one report of the global step may move a worker's schedule (each step of a
@@ -152,6 +152,8 @@ class TrainingMethod(ABC):
         if optimizer is None:
             optimizer = self.build_default_optimizer(model.parameters(), self.config)
         check_distributable(optimizer)
+        if context.grid is not None:  # LARS/LAMB: a split tensor's norm is its group's
+            reduce_trust_norms(model, optimizer)
         self.optimizer = optimizer
         self.scheduler = check_schedule(scheduler)
         self.precision = Precision(self.config.precision)

@@ -20,41 +20,51 @@ from tether.comm.transport import Transport
 from tether.parallel.parallelize import sharded_layers
 
 
-def _split_parameters(model: nn.Module) -> tuple[dict[int, Transport], dict[int, list[int]]]:
-    """The groups of the model's split parameters, and for each group the ids of its
-    parameters (one group per model in practice; several are reduced one after the other, in
-    the same order on every rank)."""
-    groups: dict[int, Transport] = {}
-    members: dict[int, list[int]] = {}
+def split_parameters(model: nn.Module) -> list[tuple[Transport, list[nn.Parameter]]]:
+    """The model's split parameters with the group each is split over (one group per model in
+    practice; several are reduced one after the other, in the same order on every rank)."""
+    groups: dict[int, tuple[Transport, list[nn.Parameter]]] = {}
     for layer in sharded_layers(model).values():
-        key = id(layer.group)
-        groups[key] = layer.group
+        _, params = groups.setdefault(id(layer.group), (layer.group, []))
         for name, dim in layer.split_dims.items():
             param = getattr(layer, name)
             if dim is not None and param is not None:
-                members.setdefault(key, []).append(id(param))
-    return groups, members
+                params.append(param)
+    return list(groups.values())
+
+
+def reduce_trust_norms(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """LARS's and LAMB's per-tensor norms of the split parameters summed over their group
+    (their optimizers' hook, :meth:`tether.optim.trust.TrustRatio.reduce_norms`), so the trust
+    ratios are the whole tensors'. Other optimizers take no norm: nothing to do."""
+    register = getattr(optimizer, "reduce_norms", None)
+    if register is None:
+        return
+    for group, params in split_parameters(model):
+        register(params, group.all_reduce)
 
 
 def grad_norm(model: nn.Module) -> torch.Tensor:
     """The L2 norm of the whole (unsharded) model's gradient, the same on every rank.
     Collective over each model group."""
-    groups, members = _split_parameters(model)
-    split = {pid for ids in members.values() for pid in ids}
-    params = [p for p in model.parameters() if p.grad is not None]
+    split = split_parameters(model)
+    in_groups = {id(p) for _, params in split for p in params}
+    whole = [p for p in model.parameters() if id(p) not in in_groups]
+    total = _squared(whole)
+    for group, params in split:
+        part = _squared(params).reshape(1)
+        group.all_reduce(part)  # every rank of the group contributes its slices
+        total = total + part[0]
+    return total.sqrt()
+
+
+def _squared(params: list[nn.Parameter]) -> torch.Tensor:
+    """The sum of the squared gradient entries of ``params`` (float64, on the CPU)."""
     total = torch.zeros((), dtype=torch.float64)
     for p in params:
-        if id(p) not in split:
-            total += p.grad.detach().double().pow(2).sum().cpu()  # type: ignore[union-attr]
-    for key, group in groups.items():
-        mine = set(members.get(key, []))
-        part = torch.zeros(1, dtype=torch.float64)
-        for p in params:
-            if id(p) in mine:
-                part += p.grad.detach().double().pow(2).sum().cpu()  # type: ignore[union-attr]
-        group.all_reduce(part)
-        total += part[0]
-    return total.sqrt()
+        if p.grad is not None:
+            total += p.grad.detach().double().pow(2).sum().cpu()
+    return total
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:

@@ -19,19 +19,14 @@ from tether.methods import METHODS
 from tether.parallel import ProcessGrid, check_plan, parallelize, parse_plan
 from tether.training.task import Task
 
-# Optimizers whose update depends on each tensor's norm (LARS's and LAMB's trust ratios): under a
-# split tensor each rank would see its slice's (a per-tensor reduction over the model group
-# inside their step is the missing piece; clipping's global norm is reduced: parallel.norms).
-_NORM_OPTIMIZERS = ("lars", "lamb")
-
 
 def composing_methods() -> list[str]:
     return [name for name in METHODS.names() if METHODS.get(name).composes_with_model_parallel]
 
 
 def check_model_parallel(config: TrainConfig) -> None:
-    """What can be checked from the config alone: the method composes, the optimizer needs no
-    per-tensor norm, the plan parses (one TetherError line)."""
+    """What can be checked from the config alone: the method composes, the plan parses (one
+    TetherError line)."""
     if config.model_parallel == 1:
         return
     method = config.method
@@ -39,12 +34,6 @@ def check_model_parallel(config: TrainConfig) -> None:
         raise TetherError(
             f"{method} does not run with model parallelism (its workers exchange whole models "
             f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
-        )
-    if config.optimizer in _NORM_OPTIMIZERS:
-        raise TetherError(
-            f"{config.optimizer.upper()} takes each tensor's norm, which model parallelism "
-            "splits over a group: not supported with model_parallel > 1 yet (use sgd, adam, "
-            "adamw)"
         )
     parse_plan(config.parallel_plan)
 
