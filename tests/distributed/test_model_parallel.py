@@ -40,9 +40,8 @@ from tether.parallel import (
     full_state_dict,
     parallelize,
     parse_plan,
-    sharded_layers,
+    whole_tensors,
 )
-from tether.parallel.mappings import all_gather_dim
 from tether.parallel.norms import clip_grad_norm_
 
 F64_TOL = 1e-10
@@ -126,13 +125,7 @@ def _input(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 def _gathered_grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    for prefix, layer in sharded_layers(model).items():
-        for name, dim in layer.split_dims.items():
-            key = f"{prefix}.{name}"
-            if dim is not None and key in grads:
-                grads[key] = all_gather_dim(grads[key], layer.group, dim)
-    return grads
+    return whole_tensors(model, {n: p.grad for n, p in model.named_parameters()})
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

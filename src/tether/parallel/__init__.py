@@ -17,7 +17,13 @@ from tether.parallel.mappings import (
     reduce_from_shards,
     scatter_to_shards,
 )
-from tether.parallel.parallelize import full_state_dict, is_parallel, parallelize, sharded_layers
+from tether.parallel.parallelize import (
+    full_state_dict,
+    is_parallel,
+    parallelize,
+    sharded_layers,
+    whole_tensors,
+)
 from tether.parallel.plan import KINDS, check_plan, parse_plan, shardable_layers
 
 __all__ = [
@@ -44,4 +50,5 @@ __all__ = [
     "scatter_to_shards",
     "shardable_layers",
     "sharded_layers",
+    "whole_tensors",
 ]

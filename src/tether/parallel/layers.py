@@ -47,6 +47,7 @@ class ShardedLayer(nn.Module):
     # parameter name -> the dimension split over the group, or None (replicated)
     split_dims: ClassVar[dict[str, int | None]]
     plan_kind: ClassVar[str]  # the plan's word for this sharding
+    source: ClassVar[type[nn.Module]] = nn.Linear  # the layer type it replaces
 
     def __init__(self, group: Transport) -> None:
         super().__init__()
@@ -59,7 +60,16 @@ class ShardedLayer(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.Module, group: Transport) -> ShardedLayer:
-        raise NotImplementedError
+        """This rank's part of ``module`` (a full layer of type ``source``)."""
+        assert isinstance(module, cls.source), (cls.__name__, type(module).__name__)
+        layer = cls(group)
+        layer._take(module)
+        layer._keep_settings(module)
+        return layer
+
+    def _keep_settings(self, module: nn.Module) -> None:
+        """The layer's settings other than its parameters (a convolution's stride, ...)."""
+        del module
 
     def _take(self, module: nn.Module) -> None:
         """This rank's slice of each of ``module``'s parameters, as the same-named parameter."""
@@ -114,13 +124,6 @@ class ColumnParallelLinear(ShardedLayer):
     weight: nn.Parameter
     bias: nn.Parameter | None
 
-    @classmethod
-    def from_module(cls, module: nn.Module, group: Transport) -> ColumnParallelLinear:
-        assert isinstance(module, nn.Linear)
-        layer = cls(group)
-        layer._take(module)
-        return layer
-
     def forward(self, x: Any) -> DistArray:
         y = F.linear(copy_to_shards(_whole(x), self.group), self.weight, self.bias)
         return DistArray(y, Layout.sharded(y.dim() - 1), self.group)
@@ -133,13 +136,6 @@ class RowParallelLinear(ShardedLayer):
     plan_kind = "row"
     weight: nn.Parameter
     bias: nn.Parameter | None
-
-    @classmethod
-    def from_module(cls, module: nn.Module, group: Transport) -> RowParallelLinear:
-        assert isinstance(module, nn.Linear)
-        layer = cls(group)
-        layer._take(module)
-        return layer
 
     def forward(self, x: Any) -> torch.Tensor:
         dim = x.dim() - 1
@@ -156,14 +152,11 @@ class _ConvGeometry(ShardedLayer):
     padding: Any  # a tuple of ints, or 'same' / 'valid'
     dilation: tuple[int, ...]
 
-    @classmethod
-    def from_module(cls, module: nn.Module, group: Transport) -> ShardedLayer:
+    source = nn.Conv2d
+
+    def _keep_settings(self, module: nn.Module) -> None:
         assert isinstance(module, nn.Conv2d)
-        layer = cls(group)
-        layer._take(module)
-        layer.stride, layer.padding = module.stride, module.padding
-        layer.dilation = module.dilation
-        return layer
+        self.stride, self.padding, self.dilation = module.stride, module.padding, module.dilation
 
     def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.conv2d(x, self.weight, bias, self.stride, self.padding, self.dilation)

@@ -57,10 +57,17 @@ def is_parallel(model: nn.Module) -> bool:
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded model's state_dict: every split parameter gathered from its group.
     Collective: every rank of each model group calls it, in the same order."""
-    state = model.state_dict()
+    return whole_tensors(model, model.state_dict())
+
+
+def whole_tensors(model: nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
+    """``tensors`` (named like the model's parameters: its state_dict, its gradients) with the
+    split parameters' entries gathered into whole tensors. Collective, like
+    :func:`full_state_dict`."""
+    out = dict(tensors)
     for prefix, layer in sharded_layers(model).items():
         for name, dim in layer.split_dims.items():
             key = f"{prefix}.{name}"
-            if dim is not None and key in state:
-                state[key] = all_gather_dim(state[key], layer.group, dim)
-    return state
+            if dim is not None and out.get(key) is not None:
+                out[key] = all_gather_dim(out[key], layer.group, dim)
+    return out
