@@ -65,6 +65,14 @@ def test_what_keeps_a_channel_sharding_sends_nothing(op) -> None:
     assert group.calls == Counter()
 
 
+def test_what_it_is_needs_no_communication() -> None:
+    group = TwinGroup()
+    x = _images(group)
+    assert (x.shape, x.size(1), x.dim(), len(x)) == (torch.Size([3, 8, 4, 4]), 8, 4, 3)
+    assert (x.dtype, x.requires_grad) == (torch.float32, False)
+    assert group.calls == Counter()
+
+
 def test_a_flattened_channel_slice_is_a_feature_slice() -> None:
     group = TwinGroup()
     x = _images(group)

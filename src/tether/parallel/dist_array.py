@@ -126,6 +126,13 @@ class DistArray:
     def device(self) -> torch.device:
         return self.local.device
 
+    @property
+    def requires_grad(self) -> bool:
+        return self.local.requires_grad
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
     def __repr__(self) -> str:
         return (
             f"DistArray(shape={tuple(self.shape)}, layout={self.layout}, "
