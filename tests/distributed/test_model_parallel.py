@@ -23,12 +23,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
+from tether.api.context import Context
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
 from tether.errors import TetherError
-from tether.methods import MethodContext, StepTimes
+from tether.launch.env import DistEnv
+from tether.methods import MethodContext, Placement, StepTimes
 from tether.methods.local_sgd import LocalSGD
 from tether.methods.sync_easgd import SyncEASGD
 from tether.methods.sync_sgd import SyncSGD
@@ -351,6 +354,52 @@ def _grid_method_vs_unsharded(world: TorchTransport, method_cls: Any) -> float:
     return _max_diff(got, want) / scale
 
 
+def _own_loop_context(world: TorchTransport) -> dict[str, Any]:
+    """The user's-own-loop path (tether.init's Context) on a 2 x 2 grid: the sampler follows the
+    data axis, wrap refuses an unsplit model, and 4 sync-easgd steps through ctx.parallelize +
+    ctx.wrap equal the method on unsharded replicas fed the same batches."""
+    config = TrainConfig(method="sync-easgd", workers=4, model_parallel=2, lr=0.1, batch_size=8)
+    env = DistEnv(world.rank, 4, world.rank, 4, "127.0.0.1", None, None)
+    ctx = Context(config, world, torch.device("cpu"), env, Placement())
+    out: dict[str, Any] = {"workers": ctx.workers, "worker_index": ctx.worker_index}
+    try:
+        ctx.wrap(WideMLP(), None)
+    except TetherError as exc:
+        out["unsplit"] = str(exc)
+    twin = ProcessGrid.build(world, 2, timeout_s=30)
+    torch.manual_seed(0)
+    full = WideMLP()
+    net = ctx.parallelize(copy.deepcopy(full), MLP_PLAN)
+    model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    theirs = SyncEASGD(copy.deepcopy(full), MethodContext(config, twin.data, torch.device("cpu")))
+    theirs.start()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(64, 12, generator=gen), torch.randint(0, 4, (64,), generator=gen)
+    data = TensorDataset(x, y)
+    batches = DataLoader(data, batch_size=8, sampler=ctx.sampler(data, 8))
+    for xb, yb in batches:  # 64 samples / (2 model groups x 8): 4 steps
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+        def backward(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
+            loss = F.cross_entropy(theirs.model(xb), yb)
+            loss.backward()
+            return loss.detach()
+
+        theirs.zero_grad()
+        theirs.step(backward, StepTimes())
+    got = full_state_dict(ctx.eval_model())
+    want = theirs.eval_model().state_dict()
+    assert ctx.method is not None
+    for method in (ctx.method, theirs):
+        method.finish(None)
+    scale = max(float(v.abs().max()) for v in want.values())
+    out["weights"] = _max_diff(got, want) / scale
+    out["steps"] = theirs.local_step
+    return out
+
+
 def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     """This module's part of the 4-rank group."""
     world = TorchTransport()
@@ -378,6 +427,7 @@ def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["clipped"] = _clipped_gradients(grid.model)
     out["overflow_sync_sgd"] = _grid_overflow(world, SyncSGD)
     out["overflow_local_sgd"] = _grid_overflow(world, LocalSGD)
+    out["own_loop"] = _own_loop_context(world)
     out["grid_sync_easgd"] = _grid_method_vs_unsharded(world, SyncEASGD)
     out["grid_local_sgd"] = _grid_method_vs_unsharded(world, LocalSGD)
     return out
@@ -467,6 +517,14 @@ def test_an_overflow_in_one_slice_is_skipped_by_its_whole_model_group(
             rank,
             local,
         )
+
+
+def test_own_loop_under_model_parallelism(results: list[dict[str, Any]]):
+    for rank, result in enumerate(results):
+        own = result["own_loop"]
+        assert (own["workers"], own["worker_index"]) == (2, rank // 2), own
+        assert "call model = ctx.parallelize(model) before" in own["unsplit"]
+        assert own["weights"] < F32_REL_TOL and own["steps"] == 4, own
 
 
 # -- plans checked before anything runs (one process) -------------------------------------------

@@ -385,9 +385,11 @@ def test_example_parameter_server_loop() -> None:
     assert len(scores) == 2 and min(scores) >= 0.6, result.stdout
 
 
+@pytest.mark.slow
 def test_example_model_parallel_loop() -> None:
     """ctx.parallelize + ctx.wrap under tether launch: a 2 x 2 grid trains with sync-easgd, and
-    the gathered state_dict loads into the unsharded model."""
+    the gathered state_dict loads into the unsharded model (the Context's path itself is checked
+    faster in tests/distributed/test_model_parallel.py)."""
     script = str(EXAMPLES / "model_parallel_loop.py")
     result = _run([sys.executable, "-m", "tether", "launch", "--workers", "4", script])
     assert result.returncode == 0, result.stderr[-3000:]
