@@ -63,6 +63,7 @@ def shared_settings(config: TrainConfig, target: float, target_is_default: bool)
         "model": config.model,
         "dataset": config.dataset,
         "workers": config.workers,
+        "model_parallel": config.model_parallel,
         "batch_size": config.batch_size,
         "epochs": config.epochs,
         "steps": config.steps,

@@ -5,14 +5,23 @@ is all these rules need: the numerics against real groups are tests/distributed'
 
 from __future__ import annotations
 
+import collections
 from collections import Counter
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from tether.parallel import PARTIAL, DistArray, Layout
+from tether.errors import TetherError
+from tether.parallel import (
+    PARTIAL,
+    ChannelParallelConv2d,
+    DistArray,
+    InputChannelParallelConv2d,
+    Layout,
+)
 
 
 class TwinGroup:
@@ -116,3 +125,48 @@ def test_whole_tensors_come_back_with_their_shape() -> None:
     assert whole.shape == (3, 8, 4, 4)
     assert torch.equal(whole[:, :4], x.local) and torch.equal(whole[:, 4:], x.local)
     assert DistArray.whole({"a": [x]})["a"][0].shape == (3, 8, 4, 4)
+
+
+def test_in_place_methods_are_refused_not_lost() -> None:
+    x = _images(TwinGroup())
+    with pytest.raises(TetherError, match=r"x.mul_\(\) on an activation split .* x = x.mul\(...\)"):
+        x.mul_(0)
+
+
+def test_containers_keep_their_type() -> None:
+    pair = collections.namedtuple("pair", "logits aux")
+    group = TwinGroup()
+    out = DistArray.whole(pair(_images(group), torch.ones(2)))
+    assert type(out) is pair and out.logits.shape == (3, 8, 4, 4)
+    plain = pair(torch.ones(1), torch.zeros(1))
+    assert DistArray.whole(plain) is plain  # nothing to gather: the very object
+    ordered = DistArray.whole(collections.OrderedDict(a=_images(group)))
+    assert type(ordered) is collections.OrderedDict and ordered["a"].shape == (3, 8, 4, 4)
+
+
+def test_dropout_takes_its_slice_of_the_whole_tensors_mask() -> None:
+    """Every rank draws the whole tensor's mask from the same random state (as F.dropout on the
+    whole tensor does) and keeps its slice: the unsharded model's result, slice by slice, and
+    the random states stay equal across the ranks."""
+    group = TwinGroup()
+    x = _images(group)
+    whole = torch.cat([x.local, x.local], dim=1)  # the twin group's whole tensor
+    torch.manual_seed(3)
+    ours = F.dropout(x, 0.4, training=True)
+    after_ours = torch.get_rng_state()
+    torch.manual_seed(3)
+    theirs = F.dropout(whole, 0.4, training=True)
+    assert isinstance(ours, DistArray) and ours.layout == Layout.sharded(1)
+    assert torch.equal(ours.local, theirs[:, :4])
+    assert torch.equal(after_ours, torch.get_rng_state())
+    assert F.dropout(x, 0.4, training=False) is x and group.calls == Counter()
+
+
+def test_convolution_layouts_of_batched_and_unbatched_images() -> None:
+    torch.manual_seed(0)
+    conv = ChannelParallelConv2d.from_module(nn.Conv2d(2, 4, 3, padding=1), TwinGroup())
+    assert conv(torch.randn(5, 2, 6, 6)).layout == Layout.sharded(1)
+    assert conv(torch.randn(2, 6, 6)).layout == Layout.sharded(0)
+    rows = InputChannelParallelConv2d.from_module(nn.Conv2d(4, 3, 3, padding=1), TwinGroup())
+    assert rows(torch.randn(4, 6, 6)).shape == (3, 6, 6)
+    assert rows(torch.randn(5, 4, 6, 6)).shape == (5, 3, 6, 6)

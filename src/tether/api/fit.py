@@ -43,7 +43,7 @@ from tether.catalog import (
 from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
 from tether.runner import launch_training
-from tether.training.model_parallel import check_plan_on_task
+from tether.training.model_parallel import check_plan_on_task, plan_option
 from tether.training.probe import probe_task
 from tether.training.run_dir import check_run_dir
 from tether.training.task import Task, describe
@@ -174,9 +174,8 @@ def _config(
             values[key] = value
     if metrics is not None and not isinstance(metrics, Mapping):
         values["metrics"] = tuple(metrics)
-    plan = values.get("parallel_plan")
-    if isinstance(plan, Mapping):  # {"fc1": "column"}: the config's "fc1=column" entries
-        values["parallel_plan"] = tuple(f"{name}={kind}" for name, kind in plan.items())
+    if "parallel_plan" in values:  # {"fc1": "column"}: the config's "fc1=column" entries
+        values["parallel_plan"] = plan_option(values["parallel_plan"])
     if target is not None:
         values["target"] = _target(target)
     if log is not None:

@@ -29,7 +29,7 @@ from tether.launch.worker import (
 )
 from tether.methods import METHODS
 from tether.runner import placement_of
-from tether.training.model_parallel import check_model_parallel
+from tether.training.model_parallel import check_model_parallel, plan_option
 
 COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
 _generation = 0  # process groups this process has started: each meets under its own key prefix
@@ -69,6 +69,8 @@ def init(method: str | None = None, **options: Any) -> Context:
             "pass the model and optimizer to ctx.wrap"
         )
     values = {**options, "method": method, "workers": env.world_size - servers}
+    if "parallel_plan" in values:  # a dict plan, as the config keeps it
+        values["parallel_plan"] = plan_option(values["parallel_plan"])
     config = resolve_config(None, values, method_defaults=method_defaults)
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)

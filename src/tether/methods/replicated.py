@@ -45,9 +45,21 @@ def run_reducer(context: MethodContext) -> AllReducer:
         transport,
         config.allreduce,
         config.compress,
-        config.ranks_per_node or context.placement.ranks_on_node(transport.world_size),
+        reducer_ranks_per_node(context),
         cache_dir=context.placement.cache_dir,
     )
+
+
+def reducer_ranks_per_node(context: MethodContext) -> int:
+    """The ranks of the method's group on one node. Under model parallelism the group is a
+    data-parallel one, a rank of every model group: a node of L ranks holds L/K of them, in the
+    group's order (a model group's K ranks are consecutive, so on one node when K divides L)."""
+    grid = context.grid
+    world = grid.world.world_size if grid is not None else context.transport.world_size
+    node = context.config.ranks_per_node or context.placement.ranks_on_node(world)
+    if grid is None:
+        return node
+    return max(1, node // grid.model_parallel)
 
 
 # The replicated methods' reducer settings (config keys): setting them for another method warns.

@@ -154,10 +154,15 @@ def settings_line(settings: dict[str, Any]) -> str:
     target = f"target accuracy {settings['target_accuracy']:.0%}"
     if settings.get("target_is_default"):
         target += " (comparison default; set --target-accuracy to change it)"
+    groups = int(settings.get("model_parallel") or 1)  # a model group takes one batch
+    workers = f"{settings['workers']} workers" + (
+        f" in model groups of {groups}" if groups > 1 else ""
+    )
+    global_batch = settings["batch_size"] * settings["workers"] // groups
     return (
         f"Settings: model {settings['model']}, dataset {settings['dataset']}, "
-        f"{settings['workers']} workers, batch {settings['batch_size']} per worker "
-        f"({settings['batch_size'] * settings['workers']} global), {length}, "
+        f"{workers}, batch {settings['batch_size']} per worker "
+        f"({global_batch} global), {length}, "
         f"seed {settings['seed']} (each method's own settings in its row); {target}. "
         f"Date: {settings['date']}."
     )

@@ -23,6 +23,7 @@ the user's own forward code runs on it unchanged:
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from tether.comm.transport import Transport
+from tether.errors import TetherError
 from tether.parallel.mappings import gather_from_shards, reduce_from_shards, scatter_to_shards
 
 # Functions of one array that act on each element alone: any layout but partial sums keeps.
@@ -52,7 +54,6 @@ _ELEMENTWISE = frozenset(
         "hardsigmoid",
         "softplus",
         "mish",
-        "dropout",
         "neg",
     }
 )
@@ -163,9 +164,19 @@ class DistArray:
         if isinstance(value, DistArray):
             return value.full()
         if isinstance(value, list | tuple):
-            return type(value)(DistArray.whole(v) for v in value)
+            items = [DistArray.whole(v) for v in value]
+            if all(a is b for a, b in zip(items, value, strict=True)):
+                return value  # nothing inside was an array: the container as it was
+            if hasattr(value, "_fields"):  # a namedtuple takes its fields one by one
+                return type(value)(*items)
+            return type(value)(items)
         if isinstance(value, dict):
-            return {k: DistArray.whole(v) for k, v in value.items()}
+            entries = {k: DistArray.whole(v) for k, v in value.items()}
+            if all(entries[k] is v for k, v in value.items()):
+                return value
+            out = copy.copy(value)  # keeps a dict subclass's type
+            out.update(entries)
+            return out
         return value
 
     def _keep(self, local: torch.Tensor, layout: Layout | None = None) -> DistArray:
@@ -198,6 +209,8 @@ class DistArray:
     ) -> DistArray | None:
         """``func(self, *rest)`` run on the local tensor when that keeps the layout, else None."""
         kind = self.layout.kind
+        if name == "dropout" and kind == "sharded":
+            return self._dropout(*rest, **kwargs)
         if name in _ELEMENTWISE and kind != "partial":
             return self._keep(func(self.local, *rest, **kwargs))
         pooled_dims = (0, 1) if kind == "sharded" else ()
@@ -207,6 +220,24 @@ class DistArray:
         if name == "flatten":
             return self._flattened(*rest, **kwargs)
         return None
+
+    def _dropout(self, p: float = 0.5, training: bool = True, inplace: bool = False) -> DistArray:
+        """Dropout of a sharded activation with this rank's slice of the mask the whole tensor
+        would draw: every rank of the group draws the whole mask from the same random state (as
+        ``F.dropout`` on the whole tensor does, element for element), so the slices' masks are
+        independent of each other, the ranks' random states stay equal, and the result is the
+        unsharded model's."""
+        del inplace  # the local tensor is not changed in place: the mask multiplies a copy
+        if not training or p == 0:
+            return self
+        if p == 1:
+            return self._keep(torch.zeros_like(self.local))
+        mask = torch.empty(self.shape, dtype=self.local.dtype, device=self.local.device)
+        mask.bernoulli_(1 - p).div_(1 - p)
+        dim = self.layout.dim
+        assert dim is not None
+        step = self.local.shape[dim]
+        return self._keep(self.local * mask.narrow(dim, self.group.rank * step, step))
 
     # -- methods the models' forward code calls ----------------------------------------------
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Any:
@@ -262,6 +293,11 @@ class DistArray:
         # gather or reduction the caller asked for).
         if name.startswith("__") or name in ("local", "layout", "group"):
             raise AttributeError(name)
+        if name.endswith("_"):  # it would change a gathered copy, not this array
+            raise TetherError(
+                f"x.{name}() on an activation split by model parallelism would change a "
+                f"gathered copy: write x = x.{name[:-1]}(...) instead"
+            )
         return getattr(self.full(), name)
 
     # -- arithmetic --------------------------------------------------------------------------

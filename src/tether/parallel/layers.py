@@ -171,7 +171,7 @@ class ChannelParallelConv2d(_ConvGeometry):
 
     def forward(self, x: Any) -> DistArray:
         y = self._conv(copy_to_shards(_whole(x), self.group), self.bias)
-        return DistArray(y, Layout.sharded(1), self.group)
+        return DistArray(y, Layout.sharded(y.dim() - 3), self.group)  # (N,) C, H, W
 
 
 class InputChannelParallelConv2d(_ConvGeometry):
@@ -182,5 +182,6 @@ class InputChannelParallelConv2d(_ConvGeometry):
     plan_kind = "input-channel"
 
     def forward(self, x: Any) -> torch.Tensor:
-        y = reduce_from_shards(self._conv(_sliced(x, self.group, 1), None), self.group)
-        return y + self.bias.view(1, -1, 1, 1) if self.bias is not None else y
+        channels = x.dim() - 3  # (N,) C, H, W
+        y = reduce_from_shards(self._conv(_sliced(x, self.group, channels), None), self.group)
+        return y + self.bias.view(-1, 1, 1) if self.bias is not None else y

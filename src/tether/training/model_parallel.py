@@ -9,6 +9,8 @@ over the data-parallel groups, each model group acting as one of its workers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -35,7 +37,20 @@ def check_model_parallel(config: TrainConfig) -> None:
             f"{method} does not run with model parallelism (its workers exchange whole models "
             f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
         )
+    if config.ranks_per_node % config.model_parallel:
+        raise TetherError(
+            f"ranks_per_node ({config.ranks_per_node}) must be a multiple of model_parallel "
+            f"({config.model_parallel}): a model group's ranks share a node"
+        )
     parse_plan(config.parallel_plan)
+
+
+def plan_option(plan: object) -> object:
+    """A plan given as a dict (``{"fc1": "column"}``), as the config keeps it: ``name=kind``
+    strings (anything else is left for the config's own check)."""
+    if isinstance(plan, Mapping):
+        return tuple(f"{name}={kind}" for name, kind in plan.items())
+    return plan
 
 
 def check_plan_on_task(config: TrainConfig, task: Task) -> None:

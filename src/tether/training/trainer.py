@@ -216,8 +216,12 @@ class Trainer:
             uninstall_timeline()
 
     def _all_reduced(self, totals: PhaseTotals) -> PhaseTotals:
+        """Every computing rank's times summed (summary.json's ``workers`` counts them all);
+        under model parallelism the ranks of a model group process the same samples, which
+        are counted once."""
         tensor = totals.as_tensor()
-        self.transport.all_reduce(tensor)
+        self.world.all_reduce(tensor)
+        tensor[4] /= self.config.model_parallel  # samples (PhaseTotals.as_tensor's order)
         return PhaseTotals.from_tensor(tensor)
 
     def _serve(self) -> None:
