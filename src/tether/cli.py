@@ -238,7 +238,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.observe.summary import run_summary_text
     from tether.runner import launch_training
     from tether.training.model_parallel import check_plan_on_task
-    from tether.training.probe import probe_task
+    from tether.training.probe import probe_task, unseeded_model
     from tether.training.run_dir import check_run_dir
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -249,11 +249,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     # that does not fit the data).
     check_data(config)
     check_launch(config)
-    if uses_import_paths(config) or config.model_parallel > 1:
+    model = None
+    if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
         probe_task(task)
         check_plan_on_task(config, task)  # every layer the plan splits, before launch
-    check_run_dir(config, args.overwrite)  # before anything is printed or launched
+        model = unseeded_model(task) if config.resume else None
+    # before anything is printed or launched; a resumed checkpoint against the model's shapes
+    check_run_dir(config, args.overwrite, model)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(

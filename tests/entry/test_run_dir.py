@@ -15,6 +15,7 @@ from tests.conftest import run_cli
 from tether.cli import main
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.models import build_model
 from tether.observe.files import atomic_write_text
 from tether.training.run_dir import check_run_dir, prepare_run_dir, validate_checkpoint
 
@@ -278,3 +279,24 @@ def test_worker_entry_without_a_launcher_is_one_line() -> None:
         os.environ.update(env_free)
     assert result.returncode == 2 and "no launcher started this process" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_cli_refuses_a_checkpoint_of_another_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Weights of another shape are named in one line before any worker starts (they used to
+    fail inside every worker, on load_state_dict)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    atomic_write_text(
+        run / "config.toml", 'method = "sync-sgd"\nmodel = "mlp"\ndataset = "digits"\n'
+    )
+    five_classes = build_model("mlp", (1, 8, 8), 5).state_dict()  # digits has 10 classes
+    _checkpoint(run / "checkpoint.pt", model_name="mlp", model=five_classes)
+    code, stderr = _cli(capsys, "train", "--resume", str(run))
+    assert code == 2, stderr
+    assert (
+        "holds another model's weights (layers.5.weight is (5, 128) there and (10, 128) in "
+        "this run's model; 1 more difference)" in stderr
+    )
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr

@@ -44,7 +44,7 @@ from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
 from tether.runner import launch_training
 from tether.training.model_parallel import check_plan_on_task, plan_option
-from tether.training.probe import probe_task
+from tether.training.probe import probe_task, unseeded_model
 from tether.training.run_dir import check_run_dir
 from tether.training.task import Task, describe
 from tether.training.task_file import write_task
@@ -130,7 +130,8 @@ def fit(
     if isinstance(task.train_data, Sized):
         check_global_batch(config, len(task.train_data))
     run_dir = Path(str(config.out))
-    check_run_dir(config, overwrite)  # before the task is written: nothing to undo
+    # before the task is written: nothing to undo (a resumed checkpoint against the model)
+    check_run_dir(config, overwrite, unseeded_model(task) if config.resume else None)
     scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task
     try:
         task_file = scratch / "task.pickle"

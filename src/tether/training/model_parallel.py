@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
 from torch import nn
 
 from tether.comm.transport import TorchTransport
@@ -19,6 +18,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.methods import METHODS
 from tether.parallel import ProcessGrid, check_plan, parallelize, parse_plan
+from tether.training.probe import unseeded_model
 from tether.training.task import Task
 
 
@@ -58,9 +58,7 @@ def check_plan_on_task(config: TrainConfig, task: Task) -> None:
     every layer exists, has a sharding rule and splits into ``model_parallel`` parts."""
     if config.model_parallel == 1:
         return
-    with torch.random.fork_rng(devices=[]):
-        model = task.build_model()
-    check_plan(model, parse_plan(config.parallel_plan), config.model_parallel)
+    check_plan(unseeded_model(task), parse_plan(config.parallel_plan), config.model_parallel)
 
 
 def build_grid(world: TorchTransport, config: TrainConfig) -> ProcessGrid | None:

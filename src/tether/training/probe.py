@@ -24,6 +24,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def unseeded_model(task: Task) -> torch.nn.Module:
+    """The task's model, built without changing the caller's random state (for checks of its
+    names and shapes)."""
+    with torch.random.fork_rng(devices=[]):
+        return task.build_model()
+
+
 def probe_task(task: Task, samples: int = 2) -> None:
     """Build the model and run forward, the loss and every metric on ``samples`` training
     samples (collated as the workers will), without changing the caller's random state."""

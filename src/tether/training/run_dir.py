@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tether.comm.header import MAX_STEP
 from tether.config import TrainConfig
@@ -58,8 +59,12 @@ def prepare_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
     return out
 
 
-def check_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
-    """Every check of :func:`prepare_run_dir`, changing nothing but creating the directory."""
+def check_run_dir(
+    config: TrainConfig, overwrite: bool = False, model: nn.Module | None = None
+) -> Path:
+    """Every check of :func:`prepare_run_dir`, changing nothing but creating the directory;
+    with ``model`` (the run's, unsharded), a resumed checkpoint's weights are checked against
+    its parameters' names and shapes too."""
     if config.out is None or not str(config.out).strip():
         raise TetherError("--out is empty: name the run directory (e.g. --out runs/mine)")
     out = Path(config.out)
@@ -73,7 +78,9 @@ def check_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
                 f"cannot resume {out}: it holds no {CHECKPOINT_NAME} (runs save one with "
                 "--checkpoint-every N); nothing was changed"
             )
-        validate_checkpoint(out / CHECKPOINT_NAME, config)
+        state = validate_checkpoint(out / CHECKPOINT_NAME, config)
+        if model is not None:
+            check_model_state(out / CHECKPOINT_NAME, state["model"], model)
     elif out.exists() and any(out.iterdir()) and not overwrite:
         what = "holds a run" if holds_run(out) else "is not empty"
         raise TetherError(
@@ -134,6 +141,31 @@ def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) ->
             f"({workers * batch} -> {config.workers * config.batch_size}) and data order: "
             f"resume with --workers {workers} --batch-size {batch}"
         )
+
+
+def check_model_state(path: Path, saved: dict[str, torch.Tensor], model: nn.Module) -> None:
+    """The checkpoint's weights fit ``model``: the same names, the same shapes (one line naming
+    the first difference otherwise: a checkpoint of another model or data set)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in saved.items()}
+    missing = [name for name in expected if name not in found]
+    extra = [name for name in found if name not in expected]
+    wrong = [name for name in expected if name in found and found[name] != expected[name]]
+    if not (missing or extra or wrong):
+        return
+    if wrong:
+        name = wrong[0]
+        what = f"{name} is {found[name]} there and {expected[name]} in this run's model"
+    elif missing:
+        what = f"it lacks {missing[0]}"
+    else:
+        what = f"it holds {extra[0]}, which this run's model does not have"
+    more = len(missing) + len(extra) + len(wrong) - 1
+    raise TetherError(
+        f"cannot resume: {path} holds another model's weights ({what}"
+        + (f"; {more} more difference{'s' if more > 1 else ''}" if more else "")
+        + "); resume with the model and data set that wrote it"
+    )
 
 
 def validate_checkpoint(path: Path, config: TrainConfig) -> dict[str, Any]:
