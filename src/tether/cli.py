@@ -237,7 +237,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.methods import METHODS
     from tether.observe.summary import run_summary_text
     from tether.runner import launch_training
-    from tether.training.model_parallel import check_plan_on_task
+    from tether.training.model_parallel import check_plan_on_model
     from tether.training.probe import probe_task, unseeded_model
     from tether.training.run_dir import check_run_dir
 
@@ -252,11 +252,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = None
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
-        probe_task(task)
-        check_plan_on_task(config, task)  # every layer the plan splits, before launch
-        model = unseeded_model(task) if config.resume else None
+        model = unseeded_model(task)  # built once, for every check below
+        probe_task(task, model=model)
+        check_plan_on_model(config, model)  # every layer the plan splits, before launch
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
-    check_run_dir(config, args.overwrite, model)
+    check_run_dir(config, args.overwrite, model if config.resume else None)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(

@@ -43,7 +43,7 @@ from tether.catalog import (
 from tether.config import TrainConfig, resolve_config, target_text
 from tether.errors import TetherError
 from tether.runner import launch_training
-from tether.training.model_parallel import check_plan_on_task, plan_option
+from tether.training.model_parallel import check_plan_on_model, plan_option
 from tether.training.probe import probe_task, unseeded_model
 from tether.training.run_dir import check_run_dir
 from tether.training.task import Task, describe
@@ -124,14 +124,15 @@ def fit(
     warn_ignored(config, given, stacklevel=2)
     task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
-    probe_task(task)
+    model = unseeded_model(task)  # built once, for every check below
+    probe_task(task, model=model)
     check_launch(config)
-    check_plan_on_task(config, task)
+    check_plan_on_model(config, model)
     if isinstance(task.train_data, Sized):
         check_global_batch(config, len(task.train_data))
     run_dir = Path(str(config.out))
     # before the task is written: nothing to undo (a resumed checkpoint against the model)
-    check_run_dir(config, overwrite, unseeded_model(task) if config.resume else None)
+    check_run_dir(config, overwrite, model if config.resume else None)
     scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task
     try:
         task_file = scratch / "task.pickle"

@@ -316,9 +316,11 @@ class TrainingMethod(ABC):
         ``clip_grad_norm_``): called after the gradients' communication, so the replicas of a
         synchronous method clip identical gradients alike."""
         max_norm = self.config.clip_grad_norm
-        if max_norm is not None and self.context.grid is not None:
+        if max_norm is None:
+            return
+        if self.context.grid is not None:
             clip_sharded_grad_norm_(self.model, max_norm)  # the norm of every slice together
-        elif max_norm is not None:
+        else:
             grads = [p for p in self.model.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(grads, max_norm)
 

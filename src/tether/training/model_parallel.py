@@ -18,8 +18,6 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.methods import METHODS
 from tether.parallel import ProcessGrid, check_plan, parallelize, parse_plan
-from tether.training.probe import unseeded_model
-from tether.training.task import Task
 
 
 def composing_methods() -> list[str]:
@@ -53,12 +51,12 @@ def plan_option(plan: object) -> object:
     return plan
 
 
-def check_plan_on_task(config: TrainConfig, task: Task) -> None:
-    """The plan against the task's model (built once here, the caller's random state kept):
-    every layer exists, has a sharding rule and splits into ``model_parallel`` parts."""
+def check_plan_on_model(config: TrainConfig, model: nn.Module) -> None:
+    """The plan against the run's (unsharded) model: every layer exists, has a sharding rule and
+    splits into ``model_parallel`` parts."""
     if config.model_parallel == 1:
         return
-    check_plan(unseeded_model(task), parse_plan(config.parallel_plan), config.model_parallel)
+    check_plan(model, parse_plan(config.parallel_plan), config.model_parallel)
 
 
 def build_grid(world: TorchTransport, config: TrainConfig) -> ProcessGrid | None:

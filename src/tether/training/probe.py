@@ -31,9 +31,10 @@ def unseeded_model(task: Task) -> torch.nn.Module:
         return task.build_model()
 
 
-def probe_task(task: Task, samples: int = 2) -> None:
-    """Build the model and run forward, the loss and every metric on ``samples`` training
-    samples (collated as the workers will), without changing the caller's random state."""
+def probe_task(task: Task, samples: int = 2, model: torch.nn.Module | None = None) -> None:
+    """Build the model (or take ``model``, the caller's :func:`unseeded_model`) and run
+    forward, the loss and every metric on ``samples`` training samples (collated as the workers
+    will), without changing the caller's random state."""
     try:
         size = len(task.train_data)  # type: ignore[arg-type]
     except TypeError:
@@ -42,8 +43,9 @@ def probe_task(task: Task, samples: int = 2) -> None:
         ) from None
     if size == 0:
         raise TetherError("train_data is empty")
+    if model is None:
+        model = unseeded_model(task)
     with torch.random.fork_rng(devices=[]):
-        model = task.build_model()
         try:
             items = [task.train_data[i] for i in range(min(samples, size))]
             batch: Any = (task.collate_fn or default_collate)(items)

@@ -14,6 +14,7 @@ object ``tether.init``'s ``wrap`` hands a user's own loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,7 +43,7 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
-from tether.parallel import full_state_dict
+from tether.parallel import full_state_dict, whole_tensors
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import (
     build_method,
@@ -221,8 +222,8 @@ class Trainer:
         are counted once."""
         tensor = totals.as_tensor()
         self.world.all_reduce(tensor)
-        tensor[4] /= self.config.model_parallel  # samples (PhaseTotals.as_tensor's order)
-        return PhaseTotals.from_tensor(tensor)
+        summed = PhaseTotals.from_tensor(tensor)
+        return dataclasses.replace(summed, samples=summed.samples // self.config.model_parallel)
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
@@ -479,16 +480,21 @@ class Trainer:
         if not self.is_writer and not shards:
             return
         with self.timeline.span("checkpoint", "checkpoint", step=step):
-            model_state = self._model_state(self.method.model) if shards else None
+            own_model = self.method.model.state_dict()
+            # checkpoint.pt holds the unsharded model: under model parallelism the slices are
+            # gathered (collective: every rank is here, as every rank keeps a shard)
+            model_state = (
+                whole_tensors(self.method.model, own_model) if self.grid is not None else own_model
+            )
             if shards:
                 # Every rank's shard is on disk before rank 0's checkpoint names them.
-                own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+                own = {"model": own_model, "method": self.method.state_dict()}
                 save_shard(self.run_dir, self.rank, {"step": step, **own})
                 self.world.barrier()
             if self.is_writer:
                 self._checkpoint_now(step, model_state)
 
-    def _checkpoint_now(self, step: int, model_state: dict[str, Any] | None) -> None:
+    def _checkpoint_now(self, step: int, model_state: dict[str, Any]) -> None:
         # The metrics up to this step reach the disk first: a crash after the checkpoint must
         # not lose the lines a resume will not write again.
         self.metrics.flush()
@@ -500,7 +506,7 @@ class Trainer:
             "batch_size": self.config.batch_size,
             "shards": self.world.world_size if self._shards else 0,
             "model_parallel": self.config.model_parallel,
-            "model": model_state if model_state is not None else self.method.model.state_dict(),
+            "model": model_state,
             "method": self.method.state_dict(),
             "history": self.history,
             "elapsed_s": self._elapsed(),
