@@ -19,6 +19,7 @@ from torch import nn
 
 from tether.comm.header import MessageKind
 from tether.comm.transport import Message
+from tether.errors import WorkerFailure
 from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.ps_server import ServerEndpoint
@@ -44,6 +45,26 @@ class ServeResult:
     extra: dict[str, Any] = field(default_factory=dict)  # method counters for summary.json
     # The final step of each worker that said goodbye (the lost ones are not in it).
     finished_steps: dict[int, int] = field(default_factory=dict)
+
+    def check_complete(self, total_steps: int, stopped_at_target: bool) -> None:
+        """Fail a run that did not do its work (its results are written first, by the caller):
+        every worker lost, or no worker reached the step budget although the target did not
+        stop the run. Losing some workers is not a failure: the others carry on and finish."""
+        reached = [s for s in self.finished_steps.values() if s >= total_steps]
+        if reached or stopped_at_target:
+            return
+        lost = ", ".join(f"rank {rank} ({why})" for rank, why in self.lost_workers.items())
+        if not self.finished_steps:
+            raise WorkerFailure(
+                f"every worker was lost, the run stopped at step {self.global_step} of "
+                f"{total_steps}: {lost}",
+                sorted(self.lost_workers),
+            )
+        raise WorkerFailure(
+            f"no worker reached the step budget ({total_steps}; the furthest stopped at "
+            f"{max(self.finished_steps.values())})" + (f"; lost: {lost}" if lost else ""),
+            sorted(self.lost_workers),
+        )
 
 
 class ServerMethod(TrainingMethod):

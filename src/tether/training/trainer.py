@@ -27,10 +27,9 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler
-from tether.errors import TetherError, WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
-from tether.methods.ps_method import ServeResult, ServerMethod
-from tether.observe.files import atomic_write, atomic_write_json, atomic_write_text
+from tether.methods.ps_method import ServerMethod
+from tether.observe.files import atomic_write_text
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
 from tether.observe.step_trace import StepTracer
@@ -43,20 +42,18 @@ from tether.observe.timeline import (
     uninstall_timeline,
     write_rank_file,
 )
-from tether.parallel import full_state_dict, whole_tensors
+from tether.parallel import full_state_dict
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
-from tether.training.build import (
-    build_method,
-    computing_workers,
-    run_settings,
-    steps_per_epoch,
-)
-from tether.training.checkpoint import load_checkpoint, load_shard, save_checkpoint, save_shard
+from tether.training.build import build_method, computing_workers, steps_per_epoch
+from tether.training.checkpoint import load_checkpoint
 from tether.training.evaluation import Evaluator
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
 from tether.training.objective import Objective
+from tether.training.results import run_summary, write_results
+from tether.training.run_checkpoints import RunCheckpoints
+from tether.training.run_record import RunRecord
 from tether.training.task import Task
 
 MIN_EVALUATIONS = 8  # a short run still gets a curve, not a point
@@ -145,17 +142,23 @@ class Trainer:
             task.loader_options,
         )
         self.eval_every = config.eval_every or default_eval_every(spe, self.total_steps)
-        self.history: list[dict[str, Any]] = []
         self.totals = PhaseTotals()
-        self.start_step = 0
-        self.elapsed_before = 0.0  # wall seconds spent before a resume
-        self.time_to_target: float | None = None
-        self.eval_s = 0.0  # evaluation time, excluded from the history's training time
         self.tensorboard = None
+        identity = {
+            "method_name": config.method,
+            "model_name": task.model_name,
+            "workers": self.workers * config.model_parallel,
+            "batch_size": config.batch_size,
+            "model_parallel": config.model_parallel,
+        }
+        self.checkpoints = RunCheckpoints(
+            self.run_dir, self.world, self.method, self.grid, identity
+        )
+        self.record = RunRecord()
         if config.resume:
-            self._restore(load_checkpoint(self.run_dir))
+            self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
         self._fix_metrics()
-        self.method.start(self.start_step)
+        self.method.start(self.record.start_step)
 
     def _fix_metrics(self) -> None:
         """Choose the evaluation metrics from the first evaluation sample, the same on every
@@ -175,9 +178,11 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.toml", self.config.to_toml())
             if self.config.resume:
                 # Steps after the checkpoint were lost with the crash; they will be run again.
-                truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
+                truncate_metrics(self.run_dir / "metrics.jsonl", self.record.start_step)
             if self.config.tensorboard:
-                self.tensorboard = open_tensorboard(self.run_dir / "tensorboard", self.start_step)
+                self.tensorboard = open_tensorboard(
+                    self.run_dir / "tensorboard", self.record.start_step
+                )
         self.metrics = MetricsLog(
             self.run_dir / "metrics.jsonl" if self.is_writer else None, append=self.config.resume
         )
@@ -193,7 +198,7 @@ class Trainer:
                 else:
                     last = self._step_loop()
                     self.method.finish(None)
-                    if not self.history or self.history[-1]["step"] != last:
+                    if not self.record.history or self.record.history[-1]["step"] != last:
                         self._evaluate(last)
                     if not self.is_writer:
                         self._save_timeline()
@@ -228,22 +233,22 @@ class Trainer:
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
         self.bar = progress_bar(
-            self.total_steps, self.config.progress, initial=self.start_step, desc="serve"
+            self.total_steps, self.config.progress, initial=self.record.start_step, desc="serve"
         )
-        self.shown_step = self.start_step
-        self.next_eval = (self.start_step // self.eval_every + 1) * self.eval_every
+        self.shown_step = self.record.start_step
+        self.next_eval = (self.record.start_step // self.eval_every + 1) * self.eval_every
         every = self.config.checkpoint_every
-        self.next_checkpoint = (self.start_step // every + 1) * every if every else None
+        self.next_checkpoint = (self.record.start_step // every + 1) * every if every else None
         try:
             result = self.method.serve(self)
         finally:
             self.bar.close()
-        last = max(result.global_step, self.start_step)
+        last = max(result.global_step, self.record.start_step)
         # The center (or the weights) may have moved since the last evaluation at this step:
         # exchanges that arrive between two global steps move it without advancing the count.
         # The final entry is the model that is saved.
-        if self.history and self.history[-1]["step"] == last:
-            self.history.pop()
+        if self.record.history and self.record.history[-1]["step"] == last:
+            self.record.history.pop()
         self._evaluate(last)
         extra = {
             **result.extra,
@@ -252,28 +257,8 @@ class Trainer:
             ],
         }
         self._write_results(last, result.totals, self.method.eval_model().state_dict(), extra)
-        self._check_complete(result)
-
-    def _check_complete(self, result: ServeResult) -> None:
-        """Fail a run that did not do its work, after its results were written: every worker
-        lost, or no worker reached the step budget although the target did not stop the run.
-        (Losing some workers is not a failure: the others carry on and finish.)"""
-        reached = [s for s in result.finished_steps.values() if s >= self.total_steps]
-        stopped_at_target = self.config.stop_at_target and self.time_to_target is not None
-        if reached or stopped_at_target:
-            return
-        lost = ", ".join(f"rank {rank} ({why})" for rank, why in result.lost_workers.items())
-        if not result.finished_steps:
-            raise WorkerFailure(
-                f"every worker was lost, the run stopped at step {result.global_step} of "
-                f"{self.total_steps}: {lost}",
-                sorted(result.lost_workers),
-            )
-        raise WorkerFailure(
-            f"no worker reached the step budget ({self.total_steps}; the furthest stopped at "
-            f"{max(result.finished_steps.values())})" + (f"; lost: {lost}" if lost else ""),
-            sorted(result.lost_workers),
-        )
+        stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
+        result.check_complete(self.total_steps, stopped_at_target)
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
         """Server hook: a worker's mean training loss over its last ``steps`` local steps, logged
@@ -304,7 +289,7 @@ class Trainer:
             self._checkpoint(global_step)
             every = self.config.checkpoint_every
             self.next_checkpoint = (global_step // every + 1) * every
-        return self.config.stop_at_target and self.time_to_target is not None
+        return self.config.stop_at_target and self.record.time_to_target is not None
 
     def _postfix(self, result: dict[str, float]) -> dict[str, str]:
         """The progress bar's evaluation figure: the target's metric, else accuracy, else loss."""
@@ -326,10 +311,10 @@ class Trainer:
     def _step_loop(self) -> int:
         config = self.config
         bar = progress_bar(
-            self.total_steps, config.progress and self.is_writer, initial=self.start_step
+            self.total_steps, config.progress and self.is_writer, initial=self.record.start_step
         )
         k = config.accumulate
-        step = self.start_step
+        step = self.record.start_step
         batches = self.batches.iterate(step * k, self.total_steps * k)
         tracing = self.timeline.enabled
         try:
@@ -391,7 +376,7 @@ class Trainer:
                 if step % self.eval_every == 0 or step == self.total_steps:
                     result = self._evaluate(step)
                     bar.set_postfix(loss=f"{loss_value:.3f}", **self._postfix(result))
-                    if config.stop_at_target and self.time_to_target is not None:
+                    if config.stop_at_target and self.record.time_to_target is not None:
                         break
                 if config.checkpoint_every and step % config.checkpoint_every == 0:
                     self._checkpoint(step)
@@ -401,7 +386,7 @@ class Trainer:
 
     # -- pieces ----------------------------------------------------------------------------------
     def _elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.t0
+        return self.record.elapsed_before + time.perf_counter() - self.t0
 
     def _save_timeline(self, merge: bool = False) -> None:
         """Write this rank's timeline file once (and on rank 0 after a clean run, merge)."""
@@ -435,17 +420,17 @@ class Trainer:
                 ),
             )
         if self.method.evaluation_pauses_workers:
-            self.eval_s += time.perf_counter() - begin
+            self.record.eval_s += time.perf_counter() - begin
         entry = {
             # Training time: evaluation pauses are not counted, so methods that evaluate on a
             # server and methods that evaluate on every worker are timed alike (Hogwild workers
             # do not pause, so there nothing is subtracted).
-            "time_s": self._elapsed() - self.eval_s,
+            "time_s": self._elapsed() - self.record.eval_s,
             "step": step,
             "epoch": step / self.steps_per_epoch,
             **{f"test_{name}": value for name, value in result.items()},
         }
-        self.history.append(entry)
+        self.record.history.append(entry)
         self.metrics.write({"event": "eval", **entry})
         self.metrics.flush()
         if self.tensorboard is not None:
@@ -454,11 +439,11 @@ class Trainer:
         target = self.target
         if (
             target is not None
-            and self.time_to_target is None
+            and self.record.time_to_target is None
             and target.metric in result
             and target.reached(result[target.metric])
         ):
-            self.time_to_target = entry["time_s"]
+            self.record.time_to_target = entry["time_s"]
         return result
 
     def _rank_world(self) -> tuple[int, int]:
@@ -469,78 +454,10 @@ class Trainer:
         from the model group (collective: every rank calls it)."""
         return full_state_dict(model) if self.grid is not None else model.state_dict()
 
-    @property
-    def _shards(self) -> bool:
-        """Whether every rank checkpoints its own state: methods whose replicas differ, and
-        every model-parallel run (each rank holds other slices and their optimizer state)."""
-        return (self.method.per_rank_state or self.grid is not None) and not self.has_server
-
     def _checkpoint(self, step: int) -> None:
-        shards = self._shards
-        if not self.is_writer and not shards:
-            return
-        with self.timeline.span("checkpoint", "checkpoint", step=step):
-            own_model = self.method.model.state_dict()
-            # checkpoint.pt holds the unsharded model: under model parallelism the slices are
-            # gathered (collective: every rank is here, as every rank keeps a shard)
-            model_state = (
-                whole_tensors(self.method.model, own_model) if self.grid is not None else own_model
-            )
-            if shards:
-                # Every rank's shard is on disk before rank 0's checkpoint names them.
-                own = {"model": own_model, "method": self.method.state_dict()}
-                save_shard(self.run_dir, self.rank, {"step": step, **own})
-                self.world.barrier()
-            if self.is_writer:
-                self._checkpoint_now(step, model_state)
-
-    def _checkpoint_now(self, step: int, model_state: dict[str, Any]) -> None:
-        # The metrics up to this step reach the disk first: a crash after the checkpoint must
-        # not lose the lines a resume will not write again.
-        self.metrics.flush()
-        state = {
-            "method_name": self.config.method,
-            "model_name": self.task.model_name,
-            "step": step,
-            "workers": self.workers * self.config.model_parallel,
-            "batch_size": self.config.batch_size,
-            "shards": self.world.world_size if self._shards else 0,
-            "model_parallel": self.config.model_parallel,
-            "model": model_state,
-            "method": self.method.state_dict(),
-            "history": self.history,
-            "elapsed_s": self._elapsed(),
-            "eval_s": self.eval_s,
-            "time_to_target_s": self.time_to_target,
-        }
-        save_checkpoint(self.run_dir, state)
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        step = int(state["step"])
-        shard = None
-        if state.get("shards") == self.world.world_size:  # same ranks: each its own state
-            shard = load_shard(self.run_dir, self.rank, step)
-            # All ranks or none: a rank without its shard makes every rank start from rank 0's.
-            every = torch.tensor([0 if shard is None else 1])
-            self.world.all_reduce(every, op="min")
-            shard = shard if bool(every.item()) else None
-        if shard is None and self.grid is not None:
-            raise TetherError(
-                "a model-parallel run resumes from every rank's own checkpoint shard, with the "
-                "same workers and model_parallel; some are missing or were written by another "
-                "grid"
-            )
-        if shard is not None:
-            self.method.model.load_state_dict(shard["model"])
-            self.method.load_state_dict({**shard["method"], "own_replica": True})
-        else:
-            self.method.model.load_state_dict(state["model"])
-            self.method.load_state_dict(state["method"])
-        self.start_step = step
-        self.history = list(state["history"])
-        self.elapsed_before = float(state["elapsed_s"])
-        self.eval_s = float(state.get("eval_s", 0.0))
-        self.time_to_target = state["time_to_target_s"]
+        if self.checkpoints.takes_part:
+            with self.timeline.span("checkpoint", "checkpoint", step=step):
+                self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
 
     def _write_results(
         self,
@@ -549,52 +466,16 @@ class Trainer:
         model_state: dict[str, Any],
         extra: dict[str, Any],
     ) -> None:
-        wall = self._elapsed()
-        final = self.history[-1] if self.history else {}
-        final_metrics = {
-            key.removeprefix("test_"): value
-            for key, value in final.items()
-            if key.startswith("test_")
-        }
-        config = self.config
-        summary = {
-            "method": config.method,
-            "workers": self.workers * config.model_parallel,  # every model group's ranks
-            "model_parallel": config.model_parallel,
-            "model": self.task.model_name,
-            "dataset": self.task.data_name,
-            "seed": config.seed,
-            "epochs": last_step / self.steps_per_epoch,  # completed, fractional
-            "steps": last_step,
-            "batch_size": config.batch_size,
-            "accumulate": config.accumulate,
-            "global_batch_size": config.batch_size * self.workers * config.accumulate,
-            "lr": config.scaled_lr,  # with the linear scaling rule applied, if asked
-            "settings": run_settings(config),  # what this method used (compare's rows)
-            "optimizer": type(self.method.optimizer).__name__,
-            "lr_schedule": (
-                type(self.method.scheduler).__name__ if self.method.scheduler else None
-            ),
-            "final_test_accuracy": final_metrics.get("accuracy"),
-            "final_test_loss": final_metrics.get("loss"),
-            "final_metrics": final_metrics,
-            "wall_time_s": wall,
-            "target": str(self.target) if self.target else None,
-            "target_accuracy": config.target_accuracy,
-            "time_to_target_s": self.time_to_target,
-            "comm_fraction": totals.comm_fraction,
-            "time_split_s": {
-                "data": totals.data_s,
-                "compute": totals.compute_s,
-                "comm": totals.comm_s,
-            },
-            # Samples processed in this process's lifetime over the wall time they took.
-            "samples_per_s": totals.samples / max(wall - self.elapsed_before, 1e-9),
-            "evaluation_s": self.eval_s,
-            # rank 0's node: workers, threads and cores of each (tether.launch.partition)
-            "partition": self.method.context.placement.partition,
-            **extra,
-            "history": self.history,
-        }
-        atomic_write(self.run_dir / "model.pt", lambda h: torch.save(model_state, h))
-        atomic_write_json(self.run_dir / "summary.json", summary)
+        summary = run_summary(
+            self.config,
+            self.task,
+            self.method,
+            self.record,
+            last_step,
+            totals,
+            self._elapsed(),
+            self.workers,
+            self.steps_per_epoch,
+            extra,
+        )
+        write_results(self.run_dir, summary, model_state)

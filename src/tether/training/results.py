@@ -1,0 +1,84 @@
+"""A finished run's results: ``summary.json`` (what ran, how it did, where the time went) and
+``model.pt`` (the evaluated model's state_dict: the center for EASGD, the unsharded model under
+model parallelism), both written atomically by rank 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.config import TrainConfig
+from tether.methods import TrainingMethod
+from tether.observe.files import atomic_write, atomic_write_json
+from tether.observe.metrics import PhaseTotals
+from tether.training.build import run_settings
+from tether.training.run_record import RunRecord
+from tether.training.task import Task
+
+
+def run_summary(
+    config: TrainConfig,
+    task: Task,
+    method: TrainingMethod,
+    record: RunRecord,
+    last_step: int,
+    totals: PhaseTotals,
+    wall: float,
+    data_workers: int,
+    steps_per_epoch: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """summary.json's dict; ``extra`` adds the method's own entries (rounds, lost workers)."""
+    final = record.history[-1] if record.history else {}
+    final_metrics = {
+        key.removeprefix("test_"): value for key, value in final.items() if key.startswith("test_")
+    }
+    target = config.target_spec
+    return {
+        "method": config.method,
+        "workers": data_workers * config.model_parallel,  # every model group's ranks
+        "model_parallel": config.model_parallel,
+        "model": task.model_name,
+        "dataset": task.data_name,
+        "seed": config.seed,
+        "epochs": last_step / steps_per_epoch,  # completed, fractional
+        "steps": last_step,
+        "batch_size": config.batch_size,
+        "accumulate": config.accumulate,
+        "global_batch_size": config.batch_size * data_workers * config.accumulate,
+        "lr": initial_lr(method.optimizer, config.scaled_lr),  # as the optimizer took it
+        "settings": run_settings(config),  # what this method used (compare's rows)
+        "optimizer": type(method.optimizer).__name__,
+        "lr_schedule": type(method.scheduler).__name__ if method.scheduler else None,
+        "final_test_accuracy": final_metrics.get("accuracy"),
+        "final_test_loss": final_metrics.get("loss"),
+        "final_metrics": final_metrics,
+        "wall_time_s": wall,
+        "target": str(target) if target else None,
+        "target_accuracy": config.target_accuracy,
+        "time_to_target_s": record.time_to_target,
+        "comm_fraction": totals.comm_fraction,
+        "time_split_s": {"data": totals.data_s, "compute": totals.compute_s, "comm": totals.comm_s},
+        # Samples processed in this process's lifetime over the wall time they took.
+        "samples_per_s": totals.samples / max(wall - record.elapsed_before, 1e-9),
+        "evaluation_s": record.eval_s,
+        # rank 0's node: workers, threads and cores of each (tether.launch.partition)
+        "partition": method.context.placement.partition,
+        **extra,
+        "history": record.history,
+    }
+
+
+def initial_lr(optimizer: torch.optim.Optimizer | None, fallback: float) -> float:
+    """The rate the optimizer started from (a schedule's base; a user's own optimizer's own)."""
+    if optimizer is None or not optimizer.param_groups:
+        return fallback
+    group = optimizer.param_groups[0]
+    return float(group.get("initial_lr", group.get("lr", fallback)))
+
+
+def write_results(run_dir: Path, summary: dict[str, Any], model_state: dict[str, Any]) -> None:
+    atomic_write(run_dir / "model.pt", lambda handle: torch.save(model_state, handle))
+    atomic_write_json(run_dir / "summary.json", summary)

@@ -1,0 +1,101 @@
+"""Checkpointing a running job and resuming it: rank 0's ``checkpoint.pt`` (the evaluated
+model, unsharded, the method's state, the run's record) and, where ranks hold different state,
+every rank's own shard first (written before rank 0's checkpoint names them, so a crash between
+the two leaves the previous checkpoint whole). A resume with the same ranks gives every rank its
+own shard back, all of them or none; otherwise every rank starts from rank 0's state (EASGD
+workers from the center)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.comm.transport import TorchTransport
+from tether.errors import TetherError
+from tether.methods import TrainingMethod
+from tether.parallel import ProcessGrid, whole_tensors
+from tether.training.checkpoint import load_shard, save_checkpoint, save_shard
+from tether.training.run_record import RunRecord
+
+
+class RunCheckpoints:
+    """``identity`` names what wrote the checkpoint (method and model names, workers, batch
+    size, model_parallel: the launcher checks a resume against it)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        world: TorchTransport,
+        method: TrainingMethod,
+        grid: ProcessGrid | None,
+        identity: dict[str, Any],
+    ) -> None:
+        self.run_dir = run_dir
+        self.world = world
+        self.method = method
+        self.grid = grid
+        self.identity = identity
+        # Every rank keeps its own state where replicas differ (and under model parallelism,
+        # where each rank holds other slices and their optimizer state); a server's workers
+        # restart from the server's state.
+        has_server = method.server_processes > 0
+        self.shards = (method.per_rank_state or grid is not None) and not has_server
+        self.is_writer = world.rank == 0
+
+    @property
+    def takes_part(self) -> bool:
+        """Whether this rank has anything to do in a checkpoint."""
+        return self.is_writer or self.shards
+
+    def save(self, step: int, record: RunRecord, elapsed: float, flush: Callable[[], None]) -> None:
+        """Checkpoint at ``step`` (collective where ranks shard or the model is sharded: every
+        rank that takes part calls it). ``flush`` runs before rank 0 writes: the metrics up to
+        this step reach the disk first, since a resume will not write them again."""
+        own_model = self.method.model.state_dict()
+        # checkpoint.pt holds the unsharded model: under model parallelism the slices are
+        # gathered (collective: every rank is here, as every rank keeps a shard).
+        model_state = whole_tensors(self.method.model, own_model) if self.grid else own_model
+        if self.shards:
+            own = {"model": own_model, "method": self.method.state_dict()}
+            save_shard(self.run_dir, self.world.rank, {"step": step, **own})
+            self.world.barrier()  # every shard on disk before rank 0's checkpoint names them
+        if not self.is_writer:
+            return
+        flush()
+        state = {
+            **self.identity,
+            "step": step,
+            "shards": self.world.world_size if self.shards else 0,
+            "model": model_state,
+            "method": self.method.state_dict(),
+            **record.checkpoint_fields(elapsed),
+        }
+        save_checkpoint(self.run_dir, state)
+
+    def restore(self, state: dict[str, Any]) -> RunRecord:
+        """Load the model and the method's state from a checkpoint (collective: every rank
+        calls it); the run's record as it was."""
+        step = int(state["step"])
+        shard = None
+        if state.get("shards") == self.world.world_size:  # same ranks: each its own state
+            shard = load_shard(self.run_dir, self.world.rank, step)
+            # All ranks or none: a rank without its shard makes every rank start from rank 0's.
+            every = torch.tensor([0 if shard is None else 1])
+            self.world.all_reduce(every, op="min")
+            shard = shard if bool(every.item()) else None
+        if shard is None and self.grid is not None:
+            raise TetherError(
+                "a model-parallel run resumes from every rank's own checkpoint shard, with the "
+                "same workers and model_parallel; some are missing or were written by another "
+                "grid"
+            )
+        if shard is not None:
+            self.method.model.load_state_dict(shard["model"])
+            self.method.load_state_dict({**shard["method"], "own_replica": True})
+        else:
+            self.method.model.load_state_dict(state["model"])
+            self.method.load_state_dict(state["method"])
+        return RunRecord.resumed(state)

@@ -1,0 +1,39 @@
+"""What a run has done so far, apart from its weights: the step it resumed at, its evaluation
+history, the wall time spent before a resume, the evaluation time left out of the history's
+training time, and when it reached its target. A checkpoint saves it; a resume restores it; the
+summary reports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunRecord:
+    start_step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_before: float = 0.0  # wall seconds spent before a resume
+    eval_s: float = 0.0  # evaluation time, excluded from the history's training time
+    time_to_target: float | None = None
+
+    def checkpoint_fields(self, elapsed: float) -> dict[str, Any]:
+        """The checkpoint's part of the record (``elapsed``: wall seconds so far)."""
+        return {
+            "history": self.history,
+            "elapsed_s": elapsed,
+            "eval_s": self.eval_s,
+            "time_to_target_s": self.time_to_target,
+        }
+
+    @classmethod
+    def resumed(cls, state: dict[str, Any]) -> RunRecord:
+        """The record as a checkpoint left it (validated by the launcher before any worker
+        started: tether.training.run_dir)."""
+        return cls(
+            start_step=int(state["step"]),
+            history=list(state["history"]),
+            elapsed_before=float(state["elapsed_s"]),
+            eval_s=float(state.get("eval_s", 0.0)),
+            time_to_target=state["time_to_target_s"],
+        )
