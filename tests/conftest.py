@@ -4,8 +4,10 @@ what a run's processes do, read from /proc (which of them live on, where they li
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -152,3 +154,17 @@ def run_cli_listening(*args: str, timeout: float = 120) -> tuple[CliResult, set[
             reader.join(timeout=10)
     seconds = time.perf_counter() - start
     return CliResult(code, output.get("stdout", ""), output.get("stderr", ""), seconds), seen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process of the session shares one data cache of its own, removed at the end (the
+    user's ~/.cache is left alone; one load of a data set serves every run of the session)."""
+    if "TETHER_DATA_CACHE" not in os.environ:
+        os.environ["TETHER_DATA_CACHE"] = tempfile.mkdtemp(prefix="tether-test-data-")
+        config._tether_data_cache = os.environ["TETHER_DATA_CACHE"]  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = getattr(config, "_tether_data_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)

@@ -5,7 +5,7 @@ Real data are read from standard files and never downloaded at run time.
 
 from tether.data.dataset import ArrayDataset
 from tether.data.idx import read_idx
-from tether.data.registry import DATASETS, check_dataset, load_dataset
+from tether.data.registry import DATASETS, check_dataset, fill_dataset_cache, load_dataset
 from tether.data.sharding import GlobalBatchSampler, shard_range
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ArrayDataset",
     "GlobalBatchSampler",
     "check_dataset",
+    "fill_dataset_cache",
     "load_dataset",
     "read_idx",
     "shard_range",

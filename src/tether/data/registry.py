@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.data.cache import load_shared
 from tether.data.cifar import HOW_TO_GET as CIFAR_HOW_TO_GET
 from tether.data.cifar import check_cifar10, load_cifar10
 from tether.data.dataset import ArrayDataset
@@ -115,9 +116,14 @@ def _resolve_dir(name: str, spec: DatasetSpec, data_dir: Path | None) -> Path | 
 
 
 def load_dataset(name: str, data_dir: Path | None, seed: int = 0) -> ArrayDataset:
-    """Load data set ``name`` (see ``DATASETS.names()``); ``seed`` matters only for "synthetic"."""
+    """Load data set ``name`` (see ``DATASETS.names()``); ``seed`` matters only for "synthetic".
+    A data set read from files comes through the machine's shared cache (:mod:`tether.data.cache`:
+    one copy mapped by every process)."""
     spec = DATASETS.get(name)
-    return spec.load(_resolve_dir(name, spec, data_dir), seed)
+    folder = _resolve_dir(name, spec, data_dir)
+    if folder is None:
+        return spec.load(folder, seed)
+    return load_shared(name, folder, lambda: spec.load(folder, seed))
 
 
 def check_dataset(name: str, data_dir: Path | None) -> int:
@@ -125,3 +131,12 @@ def check_dataset(name: str, data_dir: Path | None) -> int:
     returns the number of training samples."""
     spec = DATASETS.get(name)
     return spec.check(_resolve_dir(name, spec, data_dir))
+
+
+def fill_dataset_cache(name: str, data_dir: Path | None) -> None:
+    """Put a data set read from files into the machine's shared cache, if it is not there yet:
+    the launcher does it once, so that its workers map one copy instead of each reading the
+    files into its own. Data sets without files are made in each process (nothing to share)."""
+    spec = DATASETS.get(name)
+    if spec.needs_files:
+        load_dataset(name, data_dir)
