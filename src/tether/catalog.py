@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, TensorDataset
 from tether import config as config_module
 from tether.comm.collectives import collectives_for
 from tether.config import TrainConfig
-from tether.data import DATASETS, check_dataset, load_dataset
+from tether.data import DATASETS, check_dataset, fill_dataset_cache, load_dataset
 from tether.errors import TetherError
 from tether.imports import is_import_path, load_object
 from tether.launch.partition import plan_partition, usable_cores
@@ -51,6 +51,34 @@ class OneNodeWarning(UserWarning):
 def method_defaults(method: str) -> dict[str, Any]:
     """The tuned defaults a method declares (empty for an unknown name: the check reports it)."""
     return dict(METHODS.get(method).defaults) if method in METHODS else {}
+
+
+BATCH_COUNTED = {
+    "global": "all workers' batches",
+    "node": "one node's batches",
+    "worker": "each worker's own batch",
+}
+
+
+SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-sqrt": "min(r, sqrt(r))"}
+
+
+def default_rate_text(method: str) -> str:
+    """A method's default learning rate as a user reads it: the rate at its reference batch,
+    which batch counts, and its other defaults (``tether list``)."""
+    defaults = method_defaults(method)
+    base = defaults.get("lr_base_batch")
+    rate = f"lr {defaults.get('lr', TrainConfig.lr):g}"
+    if base:
+        counted = BATCH_COUNTED[defaults.get("lr_batch", "global")]
+        rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")]
+        rate += f" x {rule}, r = B / {base}, B = {counted}"
+    others = [
+        f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+        for key, value in defaults.items()
+        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling")
+    ]
+    return ", ".join([rate, *others])
 
 
 def resolve_config(
@@ -132,8 +160,10 @@ def check_data(config: TrainConfig) -> None:
     (one line otherwise), before launch."""
     if is_import_path(config.dataset):
         return
-    samples = check_dataset(config.dataset, Path(config.data_dir) if config.data_dir else None)
+    data_dir = Path(config.data_dir) if config.data_dir else None
+    samples = check_dataset(config.dataset, data_dir)
     check_global_batch(config, samples)
+    fill_dataset_cache(config.dataset, data_dir)
 
 
 def check_global_batch(config: TrainConfig, samples: int) -> None:

@@ -336,6 +336,7 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     del args
+    from tether.catalog import default_rate_text
     from tether.comm.collectives import COLLECTIVES
     from tether.data import DATASETS
     from tether.methods import METHODS
@@ -358,6 +359,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{title}:")
         for name in registry.names():
             print(f"  {name:<18} {registry.describe(name)}")
+    print("method defaults (a rate given with --lr is taken as it is; see README, Methods):")
+    for name in METHODS.names():
+        print(f"  {name:<18} {default_rate_text(name)}")
     return 0
 
 

@@ -69,9 +69,15 @@ class TrainConfig:
     lr_decay_every: int = 0  # the step schedule's period (0: a third of the run)
     lr_decay: float = 0.1  # the step schedule's factor
     lr_decay_power: float = 2.0  # the poly schedule's power
-    # The linear scaling rule: when set, lr is the rate at this global batch and the optimizer
-    # takes lr * (batch_size * workers * accumulate) / lr_base_batch.
+    # Scaling the rate with the batch: when lr_base_batch is set, lr is the rate at a batch of
+    # that many samples, and at a batch of B samples (the batch one update averages over:
+    # lr_batch, see update_batch) the optimizer takes lr * r, r = B / lr_base_batch
+    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, sqrt(r)) ("linear-sqrt":
+    # linear up to the base batch, the square root beyond it). The methods' defaults set them;
+    # an lr given without lr_base_batch is taken as it is.
     lr_base_batch: int = 0
+    lr_scaling: str = "linear"
+    lr_batch: str = "global"  # "global", "node" or "worker": see update_batch
     # Clip the gradient's global norm to this before each update (after the all-reduce in the
     # synchronous methods, so every rank clips alike; per worker elsewhere).
     clip_grad_norm: float | None = None
@@ -168,12 +174,30 @@ class TrainConfig:
         return self.batch_size * self.data_workers
 
     @property
+    def update_batch(self) -> int:
+        """The samples one optimizer update averages over, as ``lr_batch`` counts them:
+        ``global``, every data worker's batch (sync-sgd's all-reduced gradient, local-sgd's
+        averaged replicas); ``node``, the batches of one node's ranks (two-level-easgd's in-node
+        step; ``ranks_per_node``, or every worker when it is unset); ``worker``, the worker's
+        own batch (each EASGD or parameter-server worker steps on its own). Times
+        ``accumulate``."""
+        ranks = {"global": self.data_workers, "node": self.ranks_per_node or self.data_workers}
+        return self.batch_size * self.accumulate * ranks.get(self.lr_batch, 1)
+
+    @property
     def scaled_lr(self) -> float:
-        """The learning rate the optimizer takes: ``lr``, or with the linear scaling rule
-        (``lr_base_batch`` set) ``lr`` times the update's global batch over that base."""
+        """The learning rate the optimizer takes: ``lr``, or with ``lr_base_batch`` set ``lr``
+        times ``r = update_batch / lr_base_batch`` (the linear scaling rule, Goyal et al. 2017),
+        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or the smaller of the
+        two (``linear-sqrt``: the linear rule holds up to a critical batch and the gain from a
+        larger rate shrinks beyond it, McCandlish et al. 2018)."""
         if not self.lr_base_batch:
             return self.lr
-        return self.lr * self.global_batch_size * self.accumulate / self.lr_base_batch
+        ratio = self.update_batch / self.lr_base_batch
+        factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(
+            self.lr_scaling, min(ratio, math.sqrt(ratio))
+        )
+        return self.lr * factor
 
     @property
     def target_spec(self) -> Target | None:
@@ -265,6 +289,14 @@ class TrainConfig:
         _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
+        _require(
+            self.lr_scaling in ("linear", "sqrt", "linear-sqrt"),
+            f"lr_scaling must be linear, sqrt or linear-sqrt, got {self.lr_scaling!r}",
+        )
+        _require(
+            self.lr_batch in ("global", "node", "worker"),
+            f"lr_batch must be global, node or worker, got {self.lr_batch!r}",
+        )
         if self.clip_grad_norm is not None:
             _require(self.clip_grad_norm > 0, "clip_grad_norm must be > 0")
         _require(self.lars_eta > 0, f"lars_eta must be > 0, got {self.lars_eta}")
@@ -446,12 +478,20 @@ def resolve_config(
 ) -> TrainConfig:
     """Defaults (or ``base``) <- the method's own defaults <- config file <- explicit overrides,
     validated. ``method_defaults(name)`` gives a method's tuned defaults (e.g. a larger learning
-    rate for plain-SGD local steps); they apply only to keys that the file and the overrides
-    leave unset, and only when starting from the defaults (a resumed run's config has them)."""
+    rate for plain-SGD local steps, scaled with the batch); they apply only to keys that the
+    file and the overrides leave unset, and only when starting from the defaults (a resumed
+    run's config has them). A rate or a base batch the user gives drops the method's scaling
+    and warm-up: ``--lr 0.05`` means 0.05 from the first step."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()
     method = given.get("method", config.method)
     if base is None and method_defaults is not None and isinstance(method, str):
-        config = apply_overrides(config, method_defaults(method))
+        defaults = dict(method_defaults(method))
+        if "lr" in given or "lr_base_batch" in given:
+            # The method's scaling and warm-up are for its own rate: a rate given alone is
+            # taken as it is, and one given with a base batch scales by the user's rule.
+            for key in ("lr_base_batch", "lr_scaling", "warmup_epochs"):
+                defaults.pop(key, None)
+        config = apply_overrides(config, defaults)
     return apply_overrides(config, given).validate()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tether.catalog import check_names, ignored_settings
+from tether.catalog import check_names, ignored_settings, method_defaults
 from tether.catalog import resolve_config as catalog_resolve
 from tether.config import (
     Target,
@@ -21,6 +22,7 @@ from tether.config import (
     target_text,
 )
 from tether.errors import TetherError
+from tether.methods import METHODS
 
 
 def test_defaults_validate_and_round_trip_through_toml() -> None:
@@ -130,3 +132,39 @@ def test_precedence_file_then_overrides(tmp_path: Path) -> None:
     file.write_text('lr = 0.2\nworkers = 3\nmodel = "mlp"\n')
     config = resolve_config(file, {"workers": 4})
     assert (config.lr, config.workers, config.model) == (0.2, 4, "mlp")
+
+
+def test_the_linear_scaling_rule_counts_the_batch_one_update_averages_over() -> None:
+    base: dict[str, Any] = {"lr": 0.1, "lr_base_batch": 256, "batch_size": 64, "workers": 8}
+    assert TrainConfig(**base).scaled_lr == pytest.approx(0.2)  # all 8 batches: 512
+    assert TrainConfig(**base, accumulate=2).scaled_lr == pytest.approx(0.4)
+    assert TrainConfig(**base, lr_batch="worker").scaled_lr == pytest.approx(0.025)  # 64
+    node = TrainConfig(**base, lr_batch="node", ranks_per_node=2)
+    assert node.scaled_lr == pytest.approx(0.05)  # one node's 2 batches: 128
+    assert TrainConfig(**base, lr_batch="node").scaled_lr == pytest.approx(0.2)  # one node
+    assert TrainConfig(**base, model_parallel=2).scaled_lr == pytest.approx(0.1)  # 4 groups
+    assert TrainConfig(lr=0.1, workers=8).scaled_lr == 0.1  # no base batch: as given
+    assert TrainConfig(**base, lr_scaling="sqrt").scaled_lr == pytest.approx(0.1 * 2**0.5)
+    assert TrainConfig(**{**base, "workers": 1}, lr_scaling="sqrt").scaled_lr == pytest.approx(0.05)
+    below = TrainConfig(**{**base, "workers": 2}, lr_scaling="linear-sqrt")
+    assert below.scaled_lr == pytest.approx(0.05)  # linear below the base batch
+    above = TrainConfig(**base, lr_scaling="linear-sqrt")
+    assert above.scaled_lr == pytest.approx(0.1 * 2**0.5)  # the square root above it
+    with pytest.raises(TetherError, match="lr_scaling must be linear, sqrt or linear-sqrt"):
+        TrainConfig(lr_scaling="log").validate()
+    with pytest.raises(TetherError, match="lr_batch must be global, node or worker"):
+        TrainConfig(lr_batch="rank").validate()
+
+
+def test_a_rate_given_without_its_base_batch_is_taken_as_it_is() -> None:
+    scaled = [m for m in METHODS.names() if method_defaults(m).get("lr_base_batch")]
+    assert scaled, "the methods' default rates scale with the batch"
+    for method in scaled:
+        default = catalog_resolve(None, {"method": method, "workers": 8})
+        assert default.lr_base_batch == method_defaults(method)["lr_base_batch"]
+        given = catalog_resolve(None, {"method": method, "workers": 8, "lr": 0.05})
+        assert (given.lr_base_batch, given.scaled_lr, given.warmup_epochs) == (0, 0.05, 0.0)
+        both = catalog_resolve(
+            None, {"method": method, "workers": 8, "lr": 0.05, "lr_base_batch": 64}
+        )
+        assert (both.lr_base_batch, both.lr_scaling) == (64, "linear"), method  # the user's rule

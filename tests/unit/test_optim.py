@@ -181,13 +181,17 @@ def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
     settings = ScheduleSettings(warmup_epochs=0.5, power=1.0)
-    sched = NamedSchedule("poly", settings)(opt, total_steps=12, steps_per_epoch=8)
-    assert sched is not None
-    rates = []
-    for _ in range(12):
-        rates.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # half an epoch of 8 steps
-    assert rates[4:] == pytest.approx([1 - s / 8 for s in range(8)])
+    for total, warmup in ((16, 4), (8, 2)):  # half an epoch of 8 steps, or a quarter of the run
+        opt.param_groups[0]["lr"] = 1.0
+        opt.param_groups[0].pop("initial_lr", None)
+        sched = NamedSchedule("poly", settings)(opt, total_steps=total, steps_per_epoch=8)
+        assert sched is not None
+        rates = []
+        for _ in range(total):
+            rates.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert rates[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+        left = total - warmup
+        assert rates[warmup:] == pytest.approx([1 - s / left for s in range(left)])
     assert linear_scaling(0.1, global_batch=8192, base_batch=256) == pytest.approx(3.2)

@@ -174,6 +174,9 @@ def _config(
     for key, value in (("loss", loss), ("optimizer", optimizer), ("lr_schedule", scheduler)):
         if isinstance(value, str):
             values[key] = value
+    if callable(optimizer) or callable(scheduler):
+        # The user's own optimizer (or schedule) sets the rate: no default scaling or warm-up.
+        values.setdefault("lr_base_batch", 0)
     if metrics is not None and not isinstance(metrics, Mapping):
         values["metrics"] = tuple(metrics)
     if "parallel_plan" in values:  # {"fc1": "column"}: the config's "fc1=column" entries

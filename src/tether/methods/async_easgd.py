@@ -6,6 +6,7 @@ elastic update of each arrival in turn; no worker waits for another's computatio
 
 from __future__ import annotations
 
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.elastic import ElasticServerMethod
 
 
@@ -16,4 +17,4 @@ class AsyncEASGD(ElasticServerMethod):
     """
 
     name = "async-easgd"
-    defaults = {"lr": 0.4, "tau": 4}
+    defaults = {**own_batch_rate(0.4), "tau": 4}

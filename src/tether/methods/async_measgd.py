@@ -8,6 +8,7 @@ optimizer.
 
 from __future__ import annotations
 
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.elastic import ELASTIC_SETTINGS, ElasticServerMethod
 
 
@@ -18,6 +19,6 @@ class AsyncMEASGD(ElasticServerMethod):
     """
 
     name = "async-measgd"
-    defaults = {"lr": 0.05, "tau": 4}
+    defaults = {**own_batch_rate(0.05), "tau": 4}
     local_step_name = "lookahead-nesterov"
     settings = ELASTIC_SETTINGS | {"momentum"}

@@ -9,6 +9,7 @@ optimizer.
 from __future__ import annotations
 
 from tether.methods.async_sgd import AsyncSGD
+from tether.methods.default_rates import own_batch_rate
 
 
 class AsyncMSGD(AsyncSGD):
@@ -18,6 +19,6 @@ class AsyncMSGD(AsyncSGD):
     """
 
     name = "async-msgd"
-    defaults = {"lr": 0.01}
+    defaults = own_batch_rate(0.01)
     local_step_name = "sgd"
     settings = AsyncSGD.settings | {"momentum"}

@@ -17,6 +17,7 @@ import torch
 
 from tether.comm.header import MessageKind
 from tether.methods.base import Backward, StepTimes
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.flat import flat_gradient
 from tether.methods.ps_method import ServeResult, ServerHooks, ServerMethod
 
@@ -28,7 +29,7 @@ class AsyncSGD(ServerMethod):
     """
 
     name = "async-sgd"
-    defaults = {"lr": 0.1}
+    defaults = own_batch_rate(0.1)
     settings = frozenset({"tau", "staleness_bound"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

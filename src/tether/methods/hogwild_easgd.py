@@ -37,6 +37,7 @@ from torch import nn
 from tether.comm.header import MessageKind
 from tether.errors import TetherError
 from tether.methods.base import Backward, StepTimes
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
@@ -56,7 +57,7 @@ class HogwildEASGD(HogwildMethod):
     """
 
     name = "hogwild-easgd"
-    defaults = {"lr": 0.4}
+    defaults = own_batch_rate(0.4)
     settings = ELASTIC_SETTINGS
     shared_name = "center"
     # None: shared memory when every rank is on one node, server threads otherwise.

@@ -25,6 +25,7 @@ from torch import nn
 
 from tether.errors import TetherError
 from tether.methods.base import Backward, StepTimes
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
 from tether.methods.ps_method import ServeResult, ServerHooks
@@ -37,7 +38,7 @@ class HogwildSGD(HogwildMethod):
     """
 
     name = "hogwild-sgd"
-    defaults = {"lr": 0.05}
+    defaults = own_batch_rate(0.05)
     shared_name = "weights"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tether.methods.base import Backward, StepTimes, TrainingMethod
+from tether.methods.default_rates import all_workers_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
@@ -37,7 +38,7 @@ class LocalSGD(TrainingMethod):
 
     name = "local-sgd"
     per_rank_state = True
-    defaults = {"lr": 0.05, "tau": 4}
+    defaults = {**all_workers_rate(0.1), "tau": 4}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"tau", "momentum"}
     composes_with_model_parallel = True

@@ -8,6 +8,7 @@ carrying on.
 
 from __future__ import annotations
 
+from tether.methods.default_rates import own_batch_rate
 from tether.methods.elastic import ElasticServerMethod
 
 
@@ -18,6 +19,6 @@ class OriginalEASGD(ElasticServerMethod):
     """
 
     name = "original-easgd"
-    defaults = {"lr": 0.4}
+    defaults = own_batch_rate(0.4)
     round_robin = True
     tolerates_worker_loss = False

@@ -21,6 +21,7 @@ from torch import nn
 from tether.comm.fusion import GradientBucketer
 from tether.methods.base import Backward, StepTimes
 from tether.methods.bucketed import BucketedGradients
+from tether.methods.default_rates import all_workers_rate
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
     average_buffers,
@@ -39,7 +40,7 @@ class SyncSGD(BucketedGradients):
     """
 
     name = "sync-sgd"
-    defaults = {"lr": 0.1}
+    defaults = all_workers_rate(0.1)
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | {"bucket_mb", "momentum", "overlap"}
     composes_with_model_parallel = True

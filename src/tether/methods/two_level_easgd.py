@@ -31,6 +31,7 @@ sync-easgd. Both hold bitwise (tests/distributed/test_two_level_easgd.py).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from tether.comm.transport import TorchTransport
 from tether.errors import TetherError
 from tether.methods.base import Backward, MethodContext, StepTimes
 from tether.methods.bucketed import BucketedGradients
+from tether.methods.default_rates import all_workers_rate
 from tether.methods.elastic import ELASTIC_SETTINGS
 from tether.methods.replicated import REDUCER_SETTINGS, average_buffers
 from tether.methods.sync_easgd import SyncEASGD
@@ -72,7 +74,7 @@ class TwoLevelEASGD(BucketedGradients, SyncEASGD):
     name = "two-level-easgd"
     per_rank_state = True
     composes_with_model_parallel = False  # its node groups are cut from the world's ranks
-    defaults = {"lr": 0.1, "tau": 4}
+    defaults = {**all_workers_rate(0.1, batch="node"), "tau": 4}
     local_step_name = "sgd"
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "bucket_mb", "momentum"}
 
@@ -87,6 +89,11 @@ class TwoLevelEASGD(BucketedGradients, SyncEASGD):
         if not isinstance(world, TorchTransport):
             raise TetherError("two-level-easgd needs the torch transport (process subgroups)")
         self.ranks_per_node = size = node_size(context)
+        # The node's size as a setting, so that the default rate scales with the node's batch
+        # (lr_batch "node") also where the launcher, not the user, decides it.
+        context = dataclasses.replace(
+            context, config=dataclasses.replace(context.config, ranks_per_node=size)
+        )
         self.nodes = world.world_size // size
         self.local_index = rank % size
         # Every rank creates every group, in the same order: the nodes, then one group per local

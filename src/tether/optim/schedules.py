@@ -126,7 +126,10 @@ class NamedSchedule:
     def __call__(
         self, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int = 1
     ) -> torch.optim.lr_scheduler.LRScheduler | None:
-        warmup = self.settings.warmup_steps + round(self.settings.warmup_epochs * steps_per_epoch)
+        in_epochs = round(self.settings.warmup_epochs * steps_per_epoch)
+        # A warm-up given in epochs (the methods' default half epoch) takes at most a quarter of
+        # the run, so that a short run (--steps 30) still trains; one in steps is taken as is.
+        warmup = self.settings.warmup_steps + min(in_epochs, total_steps // 4)
         settings = dataclasses.replace(
             self.settings, total_steps=total_steps, warmup_steps=warmup, warmup_epochs=0.0
         )

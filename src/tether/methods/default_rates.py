@@ -1,0 +1,41 @@
+"""The methods' default learning rates as functions of the run's batch.
+
+A default rate is tuned at a reference batch and scaled for another one with the
+``linear-sqrt`` rule (``TrainConfig.scaled_lr``): in proportion to the batch below the reference
+(the linear scaling rule, Goyal et al. 2017), with its square root above it, where a larger
+rate buys less and the linear rule left the stable range (benchmarks/results/defaults_*.md:
+sync-sgd at a global batch of 512 crawled at the linear rule's 0.2 and reached 88% at 0.14).
+Which batch counts depends on what one update averages over (``lr_batch``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
+WORKER_REFERENCE = 64  # the default per-worker batch
+
+
+def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
+    """Defaults for momentum SGD on every worker's batch together (sync-sgd's all-reduced
+    gradient, local-sgd's averaged replicas; ``batch="node"``: one node's, two-level-easgd),
+    ``lr`` at 256 samples, with a linear warm-up over the first half epoch (it took sync-sgd at
+    4 workers from 3.97 to 2.97 epochs to 88%, and made the larger batches stable)."""
+    return {
+        "lr": lr,
+        "lr_base_batch": GLOBAL_REFERENCE,
+        "lr_batch": batch,
+        "lr_scaling": "linear-sqrt",
+        "warmup_epochs": 0.5,
+    }
+
+
+def own_batch_rate(lr: float) -> dict[str, Any]:
+    """Defaults for a worker stepping on its own batch (the EASGD family, the parameter-server
+    and Hogwild methods): ``lr`` at the default per-worker batch of 64."""
+    return {
+        "lr": lr,
+        "lr_base_batch": WORKER_REFERENCE,
+        "lr_batch": "worker",
+        "lr_scaling": "linear-sqrt",
+    }
