@@ -60,7 +60,7 @@ BATCH_COUNTED = {
 }
 
 
-SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-sqrt": "min(r, sqrt(r))"}
+SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-capped": "min(r, 1)"}
 
 
 def default_rate_text(method: str) -> str:

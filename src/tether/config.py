@@ -72,8 +72,8 @@ class TrainConfig:
     # Scaling the rate with the batch: when lr_base_batch is set, lr is the rate at a batch of
     # that many samples, and at a batch of B samples (the batch one update averages over:
     # lr_batch, see update_batch) the optimizer takes lr * r, r = B / lr_base_batch
-    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, sqrt(r)) ("linear-sqrt":
-    # linear up to the base batch, the square root beyond it). The methods' defaults set them;
+    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, 1) ("linear-capped": linear
+    # up to the base batch, the base rate beyond it). The methods' defaults set them;
     # an lr given without lr_base_batch is taken as it is.
     lr_base_batch: int = 0
     lr_scaling: str = "linear"
@@ -188,15 +188,13 @@ class TrainConfig:
     def scaled_lr(self) -> float:
         """The learning rate the optimizer takes: ``lr``, or with ``lr_base_batch`` set ``lr``
         times ``r = update_batch / lr_base_batch`` (the linear scaling rule, Goyal et al. 2017),
-        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or the smaller of the
-        two (``linear-sqrt``: the linear rule holds up to a critical batch and the gain from a
-        larger rate shrinks beyond it, McCandlish et al. 2018)."""
+        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or ``min(r, 1)``
+        (``linear-capped``: the linear rule holds up to a critical batch, McCandlish et al. 2018,
+        and beyond it a larger rate buys less and nears the edge of the stable range)."""
         if not self.lr_base_batch:
             return self.lr
         ratio = self.update_batch / self.lr_base_batch
-        factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(
-            self.lr_scaling, min(ratio, math.sqrt(ratio))
-        )
+        factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(self.lr_scaling, min(ratio, 1.0))
         return self.lr * factor
 
     @property
@@ -290,8 +288,8 @@ class TrainConfig:
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
         _require(
-            self.lr_scaling in ("linear", "sqrt", "linear-sqrt"),
-            f"lr_scaling must be linear, sqrt or linear-sqrt, got {self.lr_scaling!r}",
+            self.lr_scaling in ("linear", "sqrt", "linear-capped"),
+            f"lr_scaling must be linear, sqrt or linear-capped, got {self.lr_scaling!r}",
         )
         _require(
             self.lr_batch in ("global", "node", "worker"),

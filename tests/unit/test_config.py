@@ -146,11 +146,11 @@ def test_the_linear_scaling_rule_counts_the_batch_one_update_averages_over() -> 
     assert TrainConfig(lr=0.1, workers=8).scaled_lr == 0.1  # no base batch: as given
     assert TrainConfig(**base, lr_scaling="sqrt").scaled_lr == pytest.approx(0.1 * 2**0.5)
     assert TrainConfig(**{**base, "workers": 1}, lr_scaling="sqrt").scaled_lr == pytest.approx(0.05)
-    below = TrainConfig(**{**base, "workers": 2}, lr_scaling="linear-sqrt")
+    below = TrainConfig(**{**base, "workers": 2}, lr_scaling="linear-capped")
     assert below.scaled_lr == pytest.approx(0.05)  # linear below the base batch
-    above = TrainConfig(**base, lr_scaling="linear-sqrt")
-    assert above.scaled_lr == pytest.approx(0.1 * 2**0.5)  # the square root above it
-    with pytest.raises(TetherError, match="lr_scaling must be linear, sqrt or linear-sqrt"):
+    above = TrainConfig(**base, lr_scaling="linear-capped")
+    assert above.scaled_lr == pytest.approx(0.1)  # the base rate above it
+    with pytest.raises(TetherError, match="lr_scaling must be linear, sqrt or linear-capped"):
         TrainConfig(lr_scaling="log").validate()
     with pytest.raises(TetherError, match="lr_batch must be global, node or worker"):
         TrainConfig(lr_batch="rank").validate()

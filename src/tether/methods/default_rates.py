@@ -1,11 +1,12 @@
 """The methods' default learning rates as functions of the run's batch.
 
 A default rate is tuned at a reference batch and scaled for another one with the
-``linear-sqrt`` rule (``TrainConfig.scaled_lr``): in proportion to the batch below the reference
-(the linear scaling rule, Goyal et al. 2017), with its square root above it, where a larger
-rate buys less and the linear rule left the stable range (benchmarks/results/defaults_*.md:
-sync-sgd at a global batch of 512 crawled at the linear rule's 0.2 and reached 88% at 0.14).
-Which batch counts depends on what one update averages over (``lr_batch``).
+``linear-capped`` rule (``TrainConfig.scaled_lr``): in proportion to the batch below the
+reference (the linear scaling rule, Goyal et al. 2017), the reference rate above it
+(benchmarks/results/defaults_sweep_*.md: sync-sgd at a global batch of 512 crawled at the linear
+rule's 0.2, diverged at the square root rule's 0.141 and at 0.12, reached 88% once at 0.14, and
+trains at 0.1: the stable range ends near 0.14 there, so a default stays at 0.1). Which batch
+counts depends on what one update averages over (``lr_batch``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
         "lr": lr,
         "lr_base_batch": GLOBAL_REFERENCE,
         "lr_batch": batch,
-        "lr_scaling": "linear-sqrt",
+        "lr_scaling": "linear-capped",
         "warmup_epochs": 0.5,
     }
 
@@ -37,5 +38,5 @@ def own_batch_rate(lr: float) -> dict[str, Any]:
         "lr": lr,
         "lr_base_batch": WORKER_REFERENCE,
         "lr_batch": "worker",
-        "lr_scaling": "linear-sqrt",
+        "lr_scaling": "linear-capped",
     }

@@ -31,9 +31,10 @@ def average_(flat: torch.Tensor, transport) -> None:
 
 
 class LocalSGD(TrainingMethod):
-    """Default lr 0.05, tau 4: 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers, in
-    8.0-8.3 s against 7.8-10.1 s at lr 0.1 (same step count), 10.3-12.2 s with tau 1 and 14.6 s
-    at lr 0.2 (benchmarks/results/method_defaults_sweep.md).
+    """Default tau 4 and sync-sgd's rate (0.1 at a global batch of 256, scaled by min(r, 1),
+    a half-epoch warm-up): on 4 workers lr 0.1 and 0.05 reached 85% in the same 348 steps, tau 1
+    took 406 (benchmarks/results/method_defaults_sweep.md; every worker count:
+    benchmarks/results/defaults_*.md).
     """
 
     name = "local-sgd"

@@ -34,9 +34,10 @@ from tether.observe.metrics import PhaseTotals
 class SyncSGD(BucketedGradients):
     """Synchronous SGD with tensor fusion and communication overlapped with backward.
 
-    Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
-    8.3-8.9 s against 10.6-13.2 s at 0.05 and 18.1 s at 0.02; 0.2 diverged
-    (benchmarks/results/method_defaults_sweep.md).
+    Default rate 0.1 at a global batch of 256 (fastest to 85% on LeNet-5 / Fashion-MNIST, 4
+    workers; 0.2 diverged: benchmarks/results/method_defaults_sweep.md), scaled by min(r, 1)
+    for another global batch, with a half-epoch warm-up: the best rates at 1 and 2 workers were
+    0.025 and 0.05, and at 8 workers 0.12 and 0.141 diverged (benchmarks/results/defaults_*.md).
     """
 
     name = "sync-sgd"
