@@ -21,7 +21,7 @@ def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
     """Defaults for momentum SGD on every worker's batch together (sync-sgd's all-reduced
     gradient, local-sgd's averaged replicas; ``batch="node"``: one node's, two-level-easgd),
     ``lr`` at 256 samples, with a linear warm-up over the first half epoch (it took sync-sgd at
-    4 workers from 3.97 to 2.97 epochs to 88%, and made the larger batches stable)."""
+    4 workers from 3.97 to 2.97 epochs to 88%)."""
     return {
         "lr": lr,
         "lr_base_batch": GLOBAL_REFERENCE,
