@@ -92,6 +92,19 @@ def write_result(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n" + NOTES_MARKER + (kept if kept else "\n"))
 
 
+def process_tree(root: int, procs: dict[int, tuple[int, int, str, int]]) -> set[int]:
+    """``root`` and its descendants, from a :meth:`ForeignLoad.snapshot` of ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
 class ForeignLoad:
     """CPU used by processes outside this benchmark's process tree, sampled from ``/proc``.
 
@@ -110,7 +123,7 @@ class ForeignLoad:
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     @staticmethod
-    def _snapshot() -> dict[int, tuple[int, int, str, int]]:
+    def snapshot() -> dict[int, tuple[int, int, str, int]]:
         """pid -> (parent pid, CPU ticks used, command name, start time)."""
         procs: dict[int, tuple[int, int, str, int]] = {}
         try:
@@ -135,20 +148,12 @@ class ForeignLoad:
         return procs
 
     def _foreign(self, procs: dict[int, tuple[int, int, str, int]]) -> set[int]:
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, *_) in procs.items():
-            children.setdefault(ppid, []).append(pid)
-        ours, todo = set(), [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            ours.add(pid)
-            todo.extend(children.get(pid, []))
-        return set(procs) - ours
+        return set(procs) - process_tree(os.getpid(), procs)
 
     def _run(self) -> None:
-        prev, last = self._snapshot(), time.perf_counter()
+        prev, last = self.snapshot(), time.perf_counter()
         while not self._stop.wait(self.interval_s):
-            now_procs, now = self._snapshot(), time.perf_counter()
+            now_procs, now = self.snapshot(), time.perf_counter()
             ticks = 0
             for pid in self._foreign(now_procs):
                 _, cpu, name, started = now_procs[pid]

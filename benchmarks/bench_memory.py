@@ -34,7 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from _common import machine, tether_command, write_part_result
+from _common import ForeignLoad, machine, process_tree, tether_command, write_part_result
 
 GIB = 1024**3
 
@@ -49,19 +49,8 @@ def used_bytes() -> int:
 
 def tree_pss(root: int) -> int:
     """Sum of Pss over ``root`` and its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
+    total = 0
+    for pid in process_tree(root, ForeignLoad.snapshot()):
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):

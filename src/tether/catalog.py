@@ -53,34 +53,6 @@ def method_defaults(method: str) -> dict[str, Any]:
     return dict(METHODS.get(method).defaults) if method in METHODS else {}
 
 
-BATCH_COUNTED = {
-    "global": "all workers' batches",
-    "node": "one node's batches",
-    "worker": "each worker's own batch",
-}
-
-
-SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-capped": "min(r, 1)"}
-
-
-def default_rate_text(method: str) -> str:
-    """A method's default learning rate as a user reads it: the rate at its reference batch,
-    which batch counts, and its other defaults (``tether list``)."""
-    defaults = method_defaults(method)
-    base = defaults.get("lr_base_batch")
-    rate = f"lr {defaults.get('lr', TrainConfig.lr):g}"
-    if base:
-        counted = BATCH_COUNTED[defaults.get("lr_batch", "global")]
-        rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")]
-        rate += f" x {rule}, r = B / {base}, B = {counted}"
-    others = [
-        f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
-        for key, value in defaults.items()
-        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling")
-    ]
-    return ", ".join([rate, *others])
-
-
 def resolve_config(
     file: Path | None = None,
     overrides: Mapping[str, Any] | None = None,

@@ -336,10 +336,11 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     del args
-    from tether.catalog import default_rate_text
+    from tether.catalog import method_defaults
     from tether.comm.collectives import COLLECTIVES
     from tether.data import DATASETS
     from tether.methods import METHODS
+    from tether.methods.default_rates import describe_rate
     from tether.metrics import METRICS
     from tether.models import MODELS
     from tether.optim import OPTIMIZERS, SCHEDULES
@@ -361,7 +362,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {name:<18} {registry.describe(name)}")
     print("method defaults (a rate given with --lr is taken as it is; see README, Methods):")
     for name in METHODS.names():
-        print(f"  {name:<18} {default_rate_text(name)}")
+        print(f"  {name:<18} {describe_rate(method_defaults(name))}")
     return 0
 
 

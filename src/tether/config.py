@@ -34,6 +34,13 @@ BACKENDS = ("auto", "gloo", "nccl")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16", "bf16")
 FAULT_KINDS = ("raise", "kill", "hang", "stop", "hang-after-send")
+# lr_scaling: the factor on the rate at r = update batch / lr_base_batch (TrainConfig.scaled_lr).
+LR_SCALINGS: dict[str, Callable[[float], float]] = {
+    "linear": lambda r: r,
+    "sqrt": math.sqrt,
+    "linear-capped": lambda r: min(r, 1.0),
+}
+LR_BATCHES = ("global", "node", "worker")  # lr_batch: which batch counts (update_batch)
 
 
 @dataclass(frozen=True)
@@ -193,9 +200,7 @@ class TrainConfig:
         and beyond it a larger rate buys less and nears the edge of the stable range)."""
         if not self.lr_base_batch:
             return self.lr
-        ratio = self.update_batch / self.lr_base_batch
-        factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(self.lr_scaling, min(ratio, 1.0))
-        return self.lr * factor
+        return self.lr * LR_SCALINGS[self.lr_scaling](self.update_batch / self.lr_base_batch)
 
     @property
     def target_spec(self) -> Target | None:
@@ -288,12 +293,12 @@ class TrainConfig:
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
         _require(
-            self.lr_scaling in ("linear", "sqrt", "linear-capped"),
-            f"lr_scaling must be linear, sqrt or linear-capped, got {self.lr_scaling!r}",
+            self.lr_scaling in LR_SCALINGS,
+            f"lr_scaling must be {_one_of(LR_SCALINGS)}, got {self.lr_scaling!r}",
         )
         _require(
-            self.lr_batch in ("global", "node", "worker"),
-            f"lr_batch must be global, node or worker, got {self.lr_batch!r}",
+            self.lr_batch in LR_BATCHES,
+            f"lr_batch must be {_one_of(LR_BATCHES)}, got {self.lr_batch!r}",
         )
         if self.clip_grad_norm is not None:
             _require(self.clip_grad_norm > 0, "clip_grad_norm must be > 0")
@@ -387,6 +392,12 @@ def _check_magnitudes(config: TrainConfig) -> None:
                 _require(ok, f"seed must be in [0, 2**63), got {value}")
             else:
                 _require(abs(value) <= MAX_COUNT, f"{field.name} must be below 2**40, got {value}")
+
+
+def _one_of(names: Iterable[str]) -> str:
+    """``"a, b or c"``."""
+    *rest, last = names
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 def _require(ok: bool, message: str) -> None:

@@ -172,3 +172,20 @@ def test_processes_share_the_mapped_pages(tmp_path: Path, cache: Path) -> None:
     for rss, pss in sizes:
         assert rss >= 20000 * 28 * 28 * 4 // 1024 * 0.95, rss  # all of it mapped in
         assert pss <= rss * 0.6, (rss, pss)  # and shared with the other process
+
+
+def test_the_launcher_loads_nothing_when_the_cache_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tether.data.registry as registry
+
+    folder = fake_mnist(tmp_path / "mnist")
+    loads: list[str] = []
+    monkeypatch.setattr(registry, "load_dataset", lambda name, d, seed=0: loads.append(name))
+    monkeypatch.setenv("TETHER_DATA_CACHE", "off")
+    fill_dataset_cache("mnist", folder)
+    assert loads == []  # every worker reads its own copy: nothing to fill
+    monkeypatch.setenv("TETHER_DATA_CACHE", str(tmp_path / "cache"))
+    fill_dataset_cache("mnist", folder)
+    fill_dataset_cache("synthetic", None)  # made in each process: nothing to share
+    assert loads == ["mnist"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -67,9 +68,7 @@ def open_cached(entry: Path) -> ArrayDataset | None:
         for key in ARRAYS:
             shape = [int(d) for d in meta[key]["shape"]]
             dtype = DTYPES[meta[key]["dtype"]]
-            count = 1
-            for d in shape:
-                count *= d
+            count = math.prod(shape)
             path = entry / f"{key}.bin"
             if path.stat().st_size != count * dtype.itemsize:
                 return None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.data.cache import load_shared
+from tether.data.cache import cache_root, load_shared
 from tether.data.cifar import HOW_TO_GET as CIFAR_HOW_TO_GET
 from tether.data.cifar import check_cifar10, load_cifar10
 from tether.data.dataset import ArrayDataset
@@ -136,7 +136,8 @@ def check_dataset(name: str, data_dir: Path | None) -> int:
 def fill_dataset_cache(name: str, data_dir: Path | None) -> None:
     """Put a data set read from files into the machine's shared cache, if it is not there yet:
     the launcher does it once, so that its workers map one copy instead of each reading the
-    files into its own. Data sets without files are made in each process (nothing to share)."""
+    files into its own. Data sets without files are made in each process (nothing to share),
+    and with the cache off every worker reads its own copy: then the launcher loads nothing."""
     spec = DATASETS.get(name)
-    if spec.needs_files:
+    if spec.needs_files and cache_root() is not None:
         load_dataset(name, data_dir)

@@ -11,7 +11,10 @@ counts depends on what one update averages over (``lr_batch``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from tether.config import TrainConfig
 
 GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
 WORKER_REFERENCE = 64  # the default per-worker batch
@@ -40,3 +43,28 @@ def own_batch_rate(lr: float) -> dict[str, Any]:
         "lr_batch": "worker",
         "lr_scaling": "linear-capped",
     }
+
+
+BATCH_COUNTED = {
+    "global": "all workers' batches",
+    "node": "one node's batches",
+    "worker": "each worker's own batch",
+}
+SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-capped": "min(r, 1)"}
+
+
+def describe_rate(defaults: Mapping[str, Any]) -> str:
+    """A method's defaults as a user reads them (``tether list``): the rate at its reference
+    batch, the rule and which batch counts, then its other defaults."""
+    base = defaults.get("lr_base_batch")
+    rate = f"lr {defaults.get('lr', TrainConfig.lr):g}"
+    if base:
+        counted = BATCH_COUNTED[defaults.get("lr_batch", "global")]
+        rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")]
+        rate += f" x {rule}, r = B / {base}, B = {counted}"
+    others = [
+        f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+        for key, value in defaults.items()
+        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling")
+    ]
+    return ", ".join([rate, *others])
