@@ -157,14 +157,21 @@ def run_cli_listening(*args: str, timeout: float = 120) -> tuple[CliResult, set[
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every process of the session shares one data cache of its own, removed at the end (the
-    user's ~/.cache is left alone; one load of a data set serves every run of the session)."""
-    if "TETHER_DATA_CACHE" not in os.environ:
-        os.environ["TETHER_DATA_CACHE"] = tempfile.mkdtemp(prefix="tether-test-data-")
-        config._tether_data_cache = os.environ["TETHER_DATA_CACHE"]  # type: ignore[attr-defined]
+    """Every process of the session shares one data cache and one measurement cache (the
+    collectives' calibrations) of its own, removed at the end: the user's ~/.cache is left
+    alone, one load of a data set serves every run of the session, and a calibration is
+    measured once per group shape in every session, on a fresh CI machine as here."""
+    made = []
+    for variable, prefix in (
+        ("TETHER_DATA_CACHE", "tether-test-data-"),
+        ("TETHER_CACHE_DIR", "tether-test-cache-"),
+    ):
+        if variable not in os.environ:
+            os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+            made.append(os.environ[variable])
+    config._tether_caches = made  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    made = getattr(config, "_tether_data_cache", None)
-    if made:
+    for made in getattr(config, "_tether_caches", []):
         shutil.rmtree(made, ignore_errors=True)

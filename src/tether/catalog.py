@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from tether import config as config_module
+from tether import config_sources
 from tether.comm.collectives import collectives_for
 from tether.config import TrainConfig
 from tether.data import DATASETS, check_dataset, fill_dataset_cache, load_dataset
@@ -60,7 +60,7 @@ def resolve_config(
 ) -> TrainConfig:
     """Defaults (or ``base``) <- the method's tuned defaults <- config file <- overrides, validated,
     every name and import path checked."""
-    config = config_module.resolve_config(file, overrides, base, method_defaults)
+    config = config_sources.resolve_config(file, overrides, base, method_defaults)
     check_names(config)
     return config
 
@@ -180,7 +180,7 @@ def check_launch(config: TrainConfig) -> None:
     if processes > len(cores):
         warnings.warn(
             f"{processes} processes on {len(cores)} cores: they take turns on the cores (one thread "
-            "each) and each holds its own copy of the data set, so expect a slow run",
+            "each), so expect a slow run",
             OversubscribedWarning,
             stacklevel=2,
         )

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tether.config import TrainConfig, apply_overrides
+from tether.config import TrainConfig
+from tether.config_sources import apply_overrides
 from tether.errors import TetherError, WorkerFailure
 from tether.observe.compare import (
     DEFAULT_TARGET,

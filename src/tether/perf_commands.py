@@ -123,7 +123,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"tether: timing native all-reduce on {args.workers} local ranks (about a minute)",
         file=sys.stderr,
     )
-    links = measure_links(args.workers, args.recalibrate, args.timeout)
+    links = measure_links(args.workers, max(1, config.threads_per_worker), args.timeout)
     profile = hardware_profile(name, links, workload, step_s, max(1, config.threads_per_worker))
     write_calibration(out, profile, workload, {"all_reduce_points": links.points})
     print(
@@ -309,7 +309,6 @@ def add_perf_parsers(sub: Any) -> None:
     calibrate.add_argument(
         "--loop-steps", type=int, default=60, help="training-loop steps timed (default 60)"
     )
-    calibrate.add_argument("--recalibrate", action="store_true", help="measure gamma again")
     calibrate.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
     calibrate.add_argument("--out", metavar="FILE", help="default runs/calibrate-TIME/profile.json")
     calibrate.set_defaults(func=cmd_calibrate)

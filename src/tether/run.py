@@ -13,14 +13,15 @@ import os
 import sys
 from pathlib import Path
 
-from tether.cli import OneLineParser, add_train_options, config_from_args
-from tether.config import apply_overrides
+from tether.cli import OneLineParser
+from tether.config_sources import apply_overrides
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
 from tether.methods import METHODS
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
+from tether.train_options import add_train_options, config_from_args
 
 # What torchrun (and srun running it) sets for every worker; the process group needs them all.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

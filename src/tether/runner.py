@@ -18,7 +18,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from tether.catalog import task_from_config
 from tether.comm.transport import TorchTransport
-from tether.config import TrainConfig, apply_overrides
+from tether.config import TrainConfig
+from tether.config_sources import apply_overrides
 from tether.launch.env import DistEnv, cache_dir
 from tether.launch.exits import worker_exit_status
 from tether.launch.local import launch_local

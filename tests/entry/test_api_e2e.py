@@ -134,6 +134,8 @@ def test_fit_sync_sgd_equals_one_process_and_sync_easgd_is_bitwise(tmp_path: Pat
     reference = _single_process(steps=10, per_worker=8, workers=2)
     assert float((fitted - reference).abs().max() / reference.abs().max()) < REL_TOL
     assert result.summary["steps"] == 10 and result.summary["model"] == "Tiny"
+    # the rate the user's optimizer ran with, not the method's default, in compare's row too
+    assert result.summary["lr"] == 0.2 and result.summary["settings"]["lr"] == 0.2
     assert result.history and result.history[-1]["test_accuracy"] > 0.7
     events = EventAccumulator(str(tmp_path / "sgd" / "tensorboard"))
     events.Reload()

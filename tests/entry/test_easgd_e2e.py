@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import requires_fashion_mnist, run_cli
@@ -31,6 +32,11 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+# Slow (two launches, about 33 s): the fast set checks that an asynchronous run's checkpoint
+# holds the center and that resuming restores it (tests/distributed/test_shard_resume.py), and
+# that a resume refuses what would change the run (tests/entry/test_run_dir.py); this adds a
+# resume with another worker count end to end.
+@pytest.mark.slow
 def test_async_easgd_resumes_the_center_with_another_worker_count(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = [

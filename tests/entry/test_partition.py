@@ -16,10 +16,11 @@ from torch.utils.data import TensorDataset
 import tether
 from tests.conftest import run_cli
 from tether.catalog import OneNodeWarning, check_launch
-from tether.cli import build_parser, config_from_args
+from tether.cli import build_parser
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch.partition import plan_partition, usable_cores
+from tether.train_options import config_from_args
 
 PROBE_DIR = "TETHER_TEST_PROBE_DIR"
 CORES = usable_cores()

@@ -38,6 +38,12 @@ def _check_run_dir(run: Path, steps: int) -> dict:
     step_records = [r for r in records if "event" not in r]
     assert [r["step"] for r in step_records] == list(range(1, steps + 1))
     assert all(r["compute_s"] > 0 and r["comm_s"] >= 0 for r in step_records)
+    # each step's training clock: it only moves forward (across a resume too), and an
+    # evaluation is timed after the step it evaluates
+    clock = [r["time_s"] for r in step_records]
+    assert clock == sorted(clock) and clock[0] > 0, clock
+    for entry in summary["history"]:
+        assert clock[entry["step"] - 1] <= entry["time_s"], entry
     state = torch.load(run / "model.pt", weights_only=True)
     assert "conv1.weight" in state or any(k.endswith("weight") for k in state)
     return summary

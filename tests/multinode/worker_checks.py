@@ -158,6 +158,7 @@ def main() -> int:
             "hierarchical": hierarchical,
             "per_rank": per_rank,
             "big_elements": BIG,
+            "calibration_host": calibration.host,  # whose calibration "auto" chose by
         }
         out.write_text(json.dumps(result, indent=1))
     shut_down_process_group()

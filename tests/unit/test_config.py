@@ -11,18 +11,11 @@ import pytest
 
 from tether.catalog import check_names, ignored_settings, method_defaults
 from tether.catalog import resolve_config as catalog_resolve
-from tether.config import (
-    Target,
-    TrainConfig,
-    apply_overrides,
-    load_toml,
-    parse_set_options,
-    parse_target,
-    resolve_config,
-    target_text,
-)
+from tether.config import TrainConfig
+from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
 from tether.methods import METHODS
+from tether.targets import Target, parse_target, target_text
 
 
 def test_defaults_validate_and_round_trip_through_toml() -> None:

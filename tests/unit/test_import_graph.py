@@ -110,8 +110,11 @@ def test_the_checker_finds_a_cycle() -> None:
 
 def test_no_upward_arrows() -> None:
     graph = import_graph()
-    leaf = ("tether.config", "tether.errors", "tether.registry")
+    leaf = ("tether.config", "tether.targets", "tether.errors", "tether.registry")
     assert {t for t in graph["tether.config"] if t not in leaf} == set()
+    assert {t for t in graph["tether.targets"] if t not in leaf} == set()
+    # where a config's values come from reads the config, not the other way round
+    assert "tether.config_sources" not in graph["tether.config"]
     forbidden = {
         "tether.comm": ("tether.config", "tether.launch", "tether.methods", "tether.perf"),
         "tether.observe": ("tether.comm", "tether.methods", "tether.training", "tether.launch"),

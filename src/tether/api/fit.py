@@ -40,9 +40,11 @@ from tether.catalog import (
     schedule_factory,
     warn_ignored,
 )
-from tether.config import TrainConfig, resolve_config, target_text
+from tether.config import TrainConfig
+from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.runner import launch_training
+from tether.targets import target_text
 from tether.training.model_parallel import check_plan_on_model, plan_option
 from tether.training.probe import probe_task, unseeded_model
 from tether.training.run_dir import check_run_dir

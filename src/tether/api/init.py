@@ -18,7 +18,7 @@ from typing import Any
 from tether.api.context import Context
 from tether.catalog import check_names, method_defaults, warn_ignored
 from tether.comm.transport import TorchTransport
-from tether.config import resolve_config
+from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
 from tether.launch.worker import (

@@ -5,7 +5,8 @@ The links: ``tether bench comm``'s ranks time the backend's own all-reduce (``na
 training uses unless told otherwise) at a range of sizes on ``workers`` local ranks, and the
 profile's alpha and beta are the least-squares fit of the ring formula
 ``2(P-1)a + 2(P-1)/P*n*b`` to those times (Hockney's model fitted as MG-WFBP fits its clusters);
-gamma is the calibration's in-place add (:mod:`tether.comm.calibration`). The compute: the model's
+gamma is the calibration's in-place add (:func:`~tether.comm.calibration.measure.measure_gamma`),
+timed here on the workers' thread count. The compute: the model's
 training step timed layer by layer (:mod:`tether.bench.workload`); the profile's achieved FLOP/s is
 that step's counted FLOPs (3x forward) over its time, which predicts other models of similar
 shape where they were not timed.
@@ -59,23 +60,31 @@ def fit_ring(points: list[tuple[float, float]], world: int) -> tuple[float, floa
     return alpha, beta
 
 
-def measure_links(workers: int, refresh: bool, timeout_s: float) -> LinkFit:
-    """Time native all-reduce on ``workers`` local ranks (tether bench comm's ranks) and fit."""
+def measure_links(workers: int, threads: int, timeout_s: float) -> LinkFit:
+    """Time native all-reduce on ``workers`` local ranks (tether bench comm's ranks) and fit;
+    gamma is timed in this process on ``threads`` threads, a worker's."""
     from tether.bench.comm_launch import launch_torch
+    from tether.comm.calibration.measure import measure_gamma
 
     if workers < 2:
         raise TetherError("--workers must be at least 2 to measure the links")
     with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as tmp:
         out = Path(tmp) / "comm.json"
         argv = ["--op", "allreduce", "--algo", "native", "--sizes", ",".join(LINK_SIZES)]
-        argv += ["--repeats", "10", "--timeout", str(timeout_s), "--out", str(out)]
-        argv += ["--recalibrate"] if refresh else []
-        launch_torch(workers, argv, timeout_s, Path(tmp))
+        # No predictions: they need the collectives' calibration (tens of seconds on a
+        # machine that has none), and the fit below is all this needs.
+        argv += ["--repeats", "10", "--timeout", str(timeout_s), "--no-predict"]
+        launch_torch(workers, [*argv, "--out", str(out)], timeout_s, Path(tmp))
         report = json.loads(out.read_text())
     points = [(float(r["bytes"]), float(r["time_s"])) for r in report["rows"]]
     alpha, beta = fit_ring(points, workers)
-    gamma = report["predictions"].get("gamma") or 0.0
-    return LinkFit(alpha, beta, float(gamma), workers, points, report["date"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gamma = measure_gamma()
+    finally:
+        torch.set_num_threads(before)
+    return LinkFit(alpha, beta, gamma, workers, points, report["date"])
 
 
 def hardware_profile(
@@ -139,24 +148,27 @@ def time_model(
 
 def trainer_step_s(train_argv: list[str], short: int, long: int, scratch: Path) -> float:
     """Seconds per step of ``tether train`` with ``train_argv`` on ONE worker (no
-    communication): two runs of ``short`` and ``long`` steps, differenced, so that start-up and
-    the final evaluation cancel."""
+    communication), from one run of ``long`` steps: the training clock of its metrics lines
+    (``time_s``) between steps ``short`` and ``long``, so that start-up, the first steps'
+    warm-up and the final evaluation are left out."""
     import subprocess
     import sys
 
-    walls = []
-    for steps in (short, long):
-        out = scratch / f"train-{steps}"
-        command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", "1"]
-        command += ["--method", "sync-sgd", "--steps", str(steps), "--eval-every", "1000000000"]
-        result = subprocess.run(
-            [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            lines = (result.stderr or "").strip().splitlines()
-            raise TetherError(f"timing the trainer failed: {lines[-1] if lines else 'no message'}")
-        walls.append(float(json.loads((out / "summary.json").read_text())["wall_time_s"]))
-    return max(0.0, (walls[1] - walls[0]) / (long - short))
+    out = scratch / "train"
+    command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", "1"]
+    command += ["--method", "sync-sgd", "--steps", str(long), "--eval-every", "1000000000"]
+    result = subprocess.run(
+        [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        lines = (result.stderr or "").strip().splitlines()
+        raise TetherError(f"timing the trainer failed: {lines[-1] if lines else 'no message'}")
+    clock = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if "time_s" in entry and "loss" in entry and entry.get("step") in (short, long):
+            clock[entry["step"]] = float(entry["time_s"])
+    return max(0.0, (clock[long] - clock[short]) / (long - short))
 
 
 def write_calibration(

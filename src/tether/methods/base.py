@@ -21,7 +21,9 @@ instead of the step loop.
 from __future__ import annotations
 
 import enum
+import re
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -301,8 +303,13 @@ class TrainingMethod(ABC):
                 f"the server reported global step {global_step} while this worker's schedule "
                 f"stands at {self.scheduler.last_epoch}: a broken or hostile server"
             )
-        while self.scheduler.last_epoch < global_step:
-            self.scheduler.step()
+        with warnings.catch_warnings():
+            # A worker that joins (or resumes) a run at a later global step moves its schedule
+            # there before its own first step, on purpose: torch's warning about a scheduler
+            # stepped before its optimizer does not apply.
+            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
+            while self.scheduler.last_epoch < global_step:
+                self.scheduler.step()
 
     def scale_gradients(self) -> None:
         if self.grad_scale == 1.0:

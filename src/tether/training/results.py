@@ -36,6 +36,7 @@ def run_summary(
         key.removeprefix("test_"): value for key, value in final.items() if key.startswith("test_")
     }
     target = config.target_spec
+    lr = initial_lr(method.optimizer, config.scaled_lr)  # as the optimizer took it
     return {
         "method": config.method,
         "workers": data_workers * config.model_parallel,  # every model group's ranks
@@ -48,8 +49,10 @@ def run_summary(
         "batch_size": config.batch_size,
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,
-        "lr": initial_lr(method.optimizer, config.scaled_lr),  # as the optimizer took it
-        "settings": run_settings(config),  # what this method used (compare's rows)
+        "lr": lr,
+        # what this method used (compare's rows); the rate is the optimizer's, which is a
+        # user's own optimizer's rate when they gave one
+        "settings": {**run_settings(config), "lr": lr},
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": type(method.scheduler).__name__ if method.scheduler else None,
         "final_test_accuracy": final_metrics.get("accuracy"),

@@ -359,6 +359,8 @@ class Trainer:
                         "data_s": data_s,
                         "compute_s": times.compute_s,
                         "comm_s": times.comm_s,
+                        # the training clock at the step's end, as the evaluations' time_s
+                        "time_s": self._elapsed() - self.record.eval_s,
                     }
                 )
                 if self.tensorboard is not None:

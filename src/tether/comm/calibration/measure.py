@@ -55,7 +55,9 @@ def _link(transport: Transport, a: int, b: int) -> tuple[float, float]:
     return alpha, beta
 
 
-def _gamma() -> float:
+def measure_gamma() -> float:
+    """Seconds per byte of an in-place float32 add (the reduction's gamma), on this process's
+    threads."""
     x, y = torch.ones(1 << 20), torch.ones(1 << 20)  # 4 MiB of float32
     x.add_(y)
     start = time.perf_counter()
@@ -74,7 +76,9 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         inter_alpha, inter_beta = alpha, beta
         if ranks_per_node < world:
             inter_alpha, inter_beta = _link(transport, 0, ranks_per_node)
-        values = torch.tensor([alpha, beta, _gamma(), inter_alpha, inter_beta], dtype=torch.float64)
+        values = torch.tensor(
+            [alpha, beta, measure_gamma(), inter_alpha, inter_beta], dtype=torch.float64
+        )
         transport.broadcast(values, 0)
     a, b, g, ia, ib = (float(v) for v in values)
     measured, clear_wins = {}, {}

@@ -1,0 +1,118 @@
+"""Where a run's config comes from: the defaults, a method's tuned defaults, a TOML file and
+``--set key=value`` overrides, in that order, each value checked against the field's type
+(:func:`resolve_config`). Every mistake is a one-line :class:`~tether.errors.TetherError`."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from tether.config import TrainConfig
+from tether.errors import TetherError
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Check ``value`` against the declared type of ``key``; ints are accepted for floats."""
+    hint = _field_types()[key]
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]: a list of strings (or one string)
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list | tuple) and all(isinstance(v, str) for v in items):
+            return tuple(items)
+        raise TetherError(f"config key {key!r} must be a list of strings, got {value!r}")
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    for typ in allowed:
+        if typ is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if typ is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if typ in (str, bool) and isinstance(value, typ):
+            return value
+    names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+    raise TetherError(f"config key {key!r} must be {names}, got {value!r}")
+
+
+def apply_overrides(config: TrainConfig, values: Mapping[str, Any]) -> TrainConfig:
+    """Return ``config`` with ``values`` applied; unknown keys list the valid ones."""
+    valid = field_names()
+    changes = {}
+    for key, value in values.items():
+        if key not in valid:
+            raise TetherError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
+        changes[key] = _coerce(key, value)
+    return dataclasses.replace(config, **changes)
+
+
+def parse_set_options(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values use TOML syntax (``lr=0.1``, ``data_dir="/x"``).
+
+    A bare word that is not valid TOML (``method=sync-sgd``) is taken as a string, so users do
+    not have to quote names on the command line.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise TetherError(f"--set expects key=value, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = raw.strip()
+    return out
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a config file; any read or syntax problem is one TetherError naming the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TetherError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TetherError(f"config file {path} is not text (TOML is UTF-8)") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TetherError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def resolve_config(
+    file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    base: TrainConfig | None = None,
+    method_defaults: Callable[[str], Mapping[str, Any]] | None = None,
+) -> TrainConfig:
+    """Defaults (or ``base``) <- the method's own defaults <- config file <- explicit overrides,
+    validated. ``method_defaults(name)`` gives a method's tuned defaults (e.g. a larger learning
+    rate for plain-SGD local steps, scaled with the batch); they apply only to keys that the
+    file and the overrides leave unset, and only when starting from the defaults (a resumed
+    run's config has them). A rate or a base batch the user gives drops the method's scaling
+    and warm-up: ``--lr 0.05`` means 0.05 from the first step."""
+    given = dict(load_toml(file)) if file is not None else {}
+    given.update(overrides or {})
+    config = base or TrainConfig()
+    method = given.get("method", config.method)
+    if base is None and method_defaults is not None and isinstance(method, str):
+        defaults = dict(method_defaults(method))
+        if "lr" in given or "lr_base_batch" in given:
+            # The method's scaling and warm-up are for its own rate: a rate given alone is
+            # taken as it is, and one given with a base batch scales by the user's rule.
+            for key in ("lr_base_batch", "lr_scaling", "warmup_epochs"):
+                defaults.pop(key, None)
+        config = apply_overrides(config, defaults)
+    return apply_overrides(config, given).validate()

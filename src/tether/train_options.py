@@ -1,0 +1,208 @@
+"""The options of ``tether train`` (and ``tether compare``, ``python -m tether.run``): each a
+config key, set only when given, so that a config file, ``--set`` and a resumed run's config
+keep what the command line leaves alone (:func:`config_from_args`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.config import TrainConfig
+from tether.config_sources import apply_overrides, load_toml, parse_set_options
+from tether.errors import TetherError
+
+# (flag, config key, type, help). Every option defaults to "not given" so that only explicit
+# options override the config file (and, with --resume, the resumed run's config).
+TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
+    ("--method", "method", str, "training method (see `tether list`)"),
+    ("--workers", "workers", int, "number of computing worker processes"),
+    ("--model", "model", str, "model name (see `tether list`)"),
+    ("--dataset", "dataset", str, "data set name (see `tether list`)"),
+    ("--data-dir", "data_dir", str, "directory holding the data set's files"),
+    ("--epochs", "epochs", int, "epochs to train (ignored when --steps is given)"),
+    ("--steps", "steps", int, "optimizer steps to train (overrides --epochs)"),
+    ("--batch-size", "batch_size", int, "per-worker batch size"),
+    ("--lr", "lr", float, "learning rate"),
+    ("--momentum", "momentum", float, "momentum"),
+    ("--weight-decay", "weight_decay", float, "L2 weight decay"),
+    ("--seed", "seed", int, "random seed (data order and initial weights)"),
+    ("--target-accuracy", "target_accuracy", float, "test accuracy to time (fraction, e.g. 0.88)"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (0: four times per epoch)"),
+    ("--out", "out", str, "run directory (default: runs/METHOD-TIMESTAMP)"),
+    ("--backend", "backend", str, "gloo | nccl | auto (nccl when CUDA is available)"),
+    (
+        "--bucket-mb",
+        "bucket_mb",
+        float,
+        "gradient fusion bucket size in MiB (0: one message per parameter)",
+    ),
+    (
+        "--allreduce",
+        "allreduce",
+        str,
+        "all-reduce algorithm for sync-sgd/sync-easgd/local-sgd: auto, native, ring, ...",
+    ),
+    ("--compress", "compress", str, "all-reduce wire format: none | fp16 | bf16"),
+    (
+        "--ranks-per-node",
+        "ranks_per_node",
+        int,
+        "ranks per node for 'hierarchical' (0: launcher's)",
+    ),
+    (
+        "--threads-per-worker",
+        "threads_per_worker",
+        int,
+        "intra-op threads per worker process (0: the node's cores divided among its workers)",
+    ),
+    ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
+    ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
+    (
+        "--optimizer",
+        "optimizer",
+        str,
+        "auto (the method's own) | sgd | adam | adamw | module:factory (params -> Optimizer)",
+    ),
+    (
+        "--lr-schedule",
+        "lr_schedule",
+        str,
+        "constant | step | cosine | module:factory (optimizer -> LRScheduler)",
+    ),
+    ("--warmup-steps", "warmup_steps", int, "linear learning-rate warm-up over N steps"),
+    ("--loss", "loss", str, "cross-entropy | mse | l1 | module:function"),
+    (
+        "--accumulate",
+        "accumulate",
+        int,
+        "backward passes per optimizer step (gradient accumulation)",
+    ),
+    ("--target", "target", str, "a test metric to time, e.g. 'accuracy>=0.9' or 'loss<=0.3'"),
+    ("--precision", "precision", str, "fp32 | bf16 | fp16 (autocast; fp16 scales the loss)"),
+    ("--clip-grad-norm", "clip_grad_norm", float, "clip the gradient's global norm to this"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear learning-rate warm-up over N epochs"),
+    ("--alpha", "alpha", float, "EASGD elastic rate (default: 0.9 / workers)"),
+    ("--rho", "rho", float, "EASGD elastic coefficient: alpha = lr * rho"),
+    ("--tau", "tau", int, "communication period in local steps (EASGD, local-sgd, async)"),
+    ("--staleness-bound", "staleness_bound", int, "async-sgd/msgd: drop staler gradients"),
+    (
+        "--model-parallel",
+        "model_parallel",
+        int,
+        "ranks per model group, which split the layers --parallel-plan names (default 1)",
+    ),
+    (
+        "--parallel-plan",
+        "parallel_plan",
+        str,
+        "layers to split: name=kind,... with kinds column, row, channel, input-channel",
+    ),
+]
+
+
+# Options that take no value (and --metric, repeatable): (flag, config key, argparse action,
+# help). Like TRAIN_OPTIONS, what is set here reaches the config (config_from_args).
+FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
+    (
+        "--stop-at-target",
+        "stop_at_target",
+        "store_true",
+        "stop as soon as --target-accuracy is reached",
+    ),
+    (
+        "--no-pin-workers",
+        "pin_workers",
+        "store_false",
+        "do not give each worker process its own group of cores",
+    ),
+    (
+        "--timeline",
+        "timeline",
+        "store_true",
+        "write DIR/timeline.json, a Chrome trace of compute and communication per rank",
+    ),
+    (
+        "--metric",
+        "metrics",
+        "append",
+        "evaluation metric (accuracy, mae, mse, or module:function), repeatable",
+    ),
+    (
+        "--tensorboard",
+        "tensorboard",
+        "store_true",
+        "also write TensorBoard event files to DIR/tensorboard",
+    ),
+    ("--no-progress", "progress", "store_false", "no progress bar"),
+]
+FLAG_KEYS = tuple(key for _, key, _, _ in FLAG_OPTIONS)
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    for flag, key, typ, help_text in TRAIN_OPTIONS:
+        parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
+    for flag, key, action, help_text in FLAG_OPTIONS:
+        named: dict[str, Any] = {"metavar": "NAME"} if action == "append" else {}
+        parser.add_argument(
+            flag, dest=key, action=action, default=argparse.SUPPRESS, help=help_text, **named
+        )
+    parser.add_argument("--config", type=Path, help="TOML file with config keys")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key (TOML value syntax), repeatable",
+    )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="continue the run in DIR from its last checkpoint",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --out (its Tether files only); without it a non-empty --out "
+        "is refused",
+    )
+
+
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The config keys the command line sets (options and --set), for the warnings about
+    settings the method ignores."""
+    keys = {key for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
+    keys |= {key for key in FLAG_KEYS if hasattr(args, key)}
+    return keys | set(parse_set_options(args.overrides))
+
+
+def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfig], str]):
+    """Defaults <- resumed run's config <- --config file <- --set <- explicit options."""
+    from tether.catalog import resolve_config
+
+    explicit = {key: getattr(args, key) for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
+    for key in FLAG_KEYS:
+        if hasattr(args, key):
+            explicit[key] = getattr(args, key)
+    overrides = {**parse_set_options(args.overrides), **explicit}
+    base = None
+    if args.resume is not None:
+        resumed = args.resume / "config.toml"
+        if not resumed.exists():
+            raise TetherError(f"cannot resume: {resumed} does not exist (not a Tether run dir?)")
+        base = apply_overrides(TrainConfig(), load_toml(resumed))
+        for key in ("method", "model"):
+            asked = getattr(args, key, None)
+            if asked is not None and asked != getattr(base, key):
+                raise TetherError(
+                    f"--resume {args.resume} continues a {key} {getattr(base, key)!r} run; "
+                    f"--{key} {asked} would be another run: drop --{key}, or start a new run"
+                )
+        overrides.update(out=str(args.resume), resume=True)
+    config = resolve_config(args.config, overrides, base)
+    if config.out is None:
+        config = apply_overrides(config, {"out": default_out(config)})
+    return config
