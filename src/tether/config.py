@@ -80,6 +80,11 @@ class TrainConfig:
     lr_base_batch: int = 0
     lr_scaling: str = "linear"
     lr_batch: str = "global"  # "global", "node" or "worker": see update_batch
+    # Damping an asynchronous parameter-server method's step as workers are added: when set, its
+    # defaults were tuned at this many workers, and with P more each push is about P updates
+    # stale, which acts as extra momentum; the step is damped by min(1, base / P)
+    # (async_damping; how a method applies it: tether.methods.default_rates.damped_for_workers).
+    async_base_workers: int = 0
     # Clip the gradient's global norm to this before each update (after the all-reduce in the
     # synchronous methods, so every rank clips alike; per worker elsewhere).
     clip_grad_norm: float | None = None
@@ -198,6 +203,16 @@ class TrainConfig:
         return self.lr * LR_SCALINGS[self.lr_scaling](self.update_batch / self.lr_base_batch)
 
     @property
+    def async_damping(self) -> float:
+        """``min(1, async_base_workers / P)`` for P data workers; 1 when unset. Staleness grows
+        with the workers, and an asynchronous update with P workers behaves like SGD with an
+        extra momentum of about ``1 - 1/P`` (Mitliagkas et al. 2016, "Asynchrony begets
+        momentum"): the factor keeps the effective step where the defaults were tuned."""
+        if not self.async_base_workers:
+            return 1.0
+        return min(1.0, self.async_base_workers / self.data_workers)
+
+    @property
     def target_spec(self) -> Target | None:
         """The target as a metric, a direction and a threshold (None: no target)."""
         if self.target is not None:
@@ -287,6 +302,7 @@ class TrainConfig:
         _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
+        _require(self.async_base_workers >= 0, "async_base_workers must be >= 0 (0: no damping)")
         _require(
             self.lr_scaling in LR_SCALINGS,
             f"lr_scaling must be {_one_of(LR_SCALINGS)}, got {self.lr_scaling!r}",

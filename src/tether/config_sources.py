@@ -101,8 +101,9 @@ def resolve_config(
     validated. ``method_defaults(name)`` gives a method's tuned defaults (e.g. a larger learning
     rate for plain-SGD local steps, scaled with the batch); they apply only to keys that the
     file and the overrides leave unset, and only when starting from the defaults (a resumed
-    run's config has them). A rate or a base batch the user gives drops the method's scaling
-    and warm-up: ``--lr 0.05`` means 0.05 from the first step."""
+    run's config has them). A rate or a base batch the user gives drops the method's scaling,
+    warm-up and damping (a momentum the user gives, the damping): ``--lr 0.05`` means 0.05
+    from the first step."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()
@@ -112,7 +113,9 @@ def resolve_config(
         if "lr" in given or "lr_base_batch" in given:
             # The method's scaling and warm-up are for its own rate: a rate given alone is
             # taken as it is, and one given with a base batch scales by the user's rule.
-            for key in ("lr_base_batch", "lr_scaling", "warmup_epochs"):
+            for key in ("lr_base_batch", "lr_scaling", "warmup_epochs", "async_base_workers"):
                 defaults.pop(key, None)
+        if "momentum" in given:  # damping takes from the momentum first: the user's stays
+            defaults.pop("async_base_workers", None)
         config = apply_overrides(config, defaults)
     return apply_overrides(config, given).validate()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tether.catalog import check_names, ignored_settings, method_defaults
 from tether.catalog import resolve_config as catalog_resolve
@@ -15,6 +16,7 @@ from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
 from tether.methods import METHODS
+from tether.methods.default_rates import damped_step
 from tether.targets import Target, parse_target, target_text
 
 
@@ -161,3 +163,44 @@ def test_a_rate_given_without_its_base_batch_is_taken_as_it_is() -> None:
             None, {"method": method, "workers": 8, "lr": 0.05, "lr_base_batch": 64}
         )
         assert (both.lr_base_batch, both.lr_scaling) == (64, "linear"), method  # the user's rule
+
+
+def test_an_asynchronous_step_is_damped_beyond_its_workers_from_the_momentum_first() -> None:
+    assert damped_step(0.01, 0.9, 1.0) == (0.01, 0.9)  # at or below the tuned worker count
+    lr, momentum = damped_step(0.01, 0.9, 0.5)
+    assert (lr, momentum) == (pytest.approx(0.01), pytest.approx(0.8))
+    assert damped_step(0.1, 0.0, 0.5) == (pytest.approx(0.05), 0.0)  # no momentum: the rate
+    lr, momentum = damped_step(0.01, 0.9, 0.05)  # more than the momentum can give
+    assert momentum == 0.0 and lr == pytest.approx(0.005)
+    for rate, mu, s in ((0.3, 0.5, 0.7), (0.02, 0.99, 0.25), (0.1, 0.6, 0.3)):
+        lr, momentum = damped_step(rate, mu, s)  # the effective step, scaled by s
+        assert lr / (1 - momentum) == pytest.approx(s * rate / (1 - mu))
+    assert TrainConfig(async_base_workers=4, workers=8).async_damping == 0.5
+    assert TrainConfig(async_base_workers=4, workers=2).async_damping == 1.0
+    assert TrainConfig(workers=8).async_damping == 1.0
+    with pytest.raises(TetherError, match="async_base_workers must be >= 0"):
+        TrainConfig(async_base_workers=-1).validate()
+
+
+def _server_step(**given: Any) -> dict[str, Any]:
+    """The parameter-server optimizer's rate and momentum that a run with ``given`` builds."""
+    config = catalog_resolve(None, given)
+    method = METHODS.get(config.method)
+    group = method.build_default_optimizer([torch.zeros(1, requires_grad=True)], config)
+    return {key: group.param_groups[0][key] for key in ("lr", "momentum")}
+
+
+def test_the_parameter_server_defaults_are_damped_but_a_users_settings_are_not() -> None:
+    msgd = {"method": "async-msgd"}
+    assert _server_step(**msgd, workers=4) == {"lr": 0.01, "momentum": 0.9}
+    assert _server_step(**msgd, workers=8) == {"lr": 0.01, "momentum": pytest.approx(0.8)}
+    assert _server_step(**msgd, workers=8, momentum=0.9) == {"lr": 0.01, "momentum": 0.9}
+    assert _server_step(**msgd, workers=8, lr=0.02) == {"lr": 0.02, "momentum": 0.9}
+    sgd = {"method": "async-sgd"}
+    assert _server_step(**sgd, workers=4)["lr"] == pytest.approx(0.1)
+    assert _server_step(**sgd, workers=8) == {"lr": pytest.approx(0.05), "momentum": 0}
+    assert _server_step(**sgd, workers=8, lr=0.1)["lr"] == 0.1
+    damped = [m for m in METHODS.names() if method_defaults(m).get("async_base_workers")]
+    assert damped == ["async-sgd", "async-msgd"]
+    ignored = ignored_settings(TrainConfig(method="sync-sgd"), ["async_base_workers"])
+    assert ignored == ["sync-sgd ignores async_base_workers (it applies to async-sgd, async-msgd)"]

@@ -16,9 +16,11 @@ class AsyncMSGD(AsyncSGD):
     """Default lr 0.01 (momentum 0.9 on stale gradients needs a small lr): fastest to 85% test
     accuracy on LeNet-5 / Fashion-MNIST, 4 workers, 21.3-22.3 s against 26.0-30.6 s at 0.005;
     0.002 and 0.02 did not reach it in 4 epochs (benchmarks/results/method_defaults_sweep.md).
+    Beyond 4 workers the momentum is lowered to keep the effective step (0.8 on 8 workers:
+    :func:`~tether.methods.default_rates.damped_step`).
     """
 
     name = "async-msgd"
-    defaults = own_batch_rate(0.01)
+    defaults = own_batch_rate(0.01, damped=True)
     local_step_name = "sgd"
     settings = AsyncSGD.settings | {"momentum"}

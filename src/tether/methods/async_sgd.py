@@ -11,26 +11,43 @@ summary.json) and the worker just gets fresh weights.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from tether.comm.header import MessageKind
+from tether.config import TrainConfig
 from tether.methods.base import Backward, StepTimes
-from tether.methods.default_rates import own_batch_rate
+from tether.methods.default_rates import damped_step, own_batch_rate
 from tether.methods.flat import flat_gradient
 from tether.methods.ps_method import ServeResult, ServerHooks, ServerMethod
+from tether.optim import LOCAL_STEPS, OptimizerSettings
 
 
 class AsyncSGD(ServerMethod):
     """Default lr 0.1: fastest to 85% test accuracy on LeNet-5 / Fashion-MNIST, 4 workers,
     13.5-17.7 s against 17.9-21.3 s at 0.05; 0.2 did not reach it in 4 epochs and 0.4 diverged
-    (benchmarks/results/method_defaults_sweep.md).
+    (benchmarks/results/method_defaults_sweep.md). Beyond 4 workers the default step is damped
+    by 4 / P (:func:`~tether.methods.default_rates.damped_step`).
     """
 
     name = "async-sgd"
-    defaults = own_batch_rate(0.1)
-    settings = frozenset({"tau", "staleness_bound"})
+    defaults = own_batch_rate(0.1, damped=True)
+    settings = frozenset({"tau", "staleness_bound", "async_base_workers"})
+
+    @classmethod
+    def build_default_optimizer(
+        cls, params: Iterable[torch.Tensor], config: TrainConfig
+    ) -> torch.optim.Optimizer:
+        """The server's step, damped for the worker count (``async_base_workers``: the
+        defaults'), from the momentum where this method keeps one (async-msgd)."""
+        settings = OptimizerSettings.of(config)
+        momentum = settings.momentum if "momentum" in cls.settings else 0.0
+        lr, momentum = damped_step(settings.lr, momentum, config.async_damping)
+        damped = dataclasses.replace(settings, lr=lr, momentum=momentum)
+        return LOCAL_STEPS[cls.local_step_name](params, damped)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -18,6 +18,7 @@ from tether.config import TrainConfig
 
 GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
 WORKER_REFERENCE = 64  # the default per-worker batch
+ASYNC_REFERENCE_WORKERS = 4  # the parameter-server methods' rates were tuned on 4 workers
 
 
 def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
@@ -34,15 +35,35 @@ def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
     }
 
 
-def own_batch_rate(lr: float) -> dict[str, Any]:
+def own_batch_rate(lr: float, damped: bool = False) -> dict[str, Any]:
     """Defaults for a worker stepping on its own batch (the EASGD family, the parameter-server
-    and Hogwild methods): ``lr`` at the default per-worker batch of 64."""
-    return {
+    and Hogwild methods): ``lr`` at the default per-worker batch of 64; ``damped``: the step is
+    damped beyond 4 workers (:func:`damped_step`)."""
+    rate: dict[str, Any] = {
         "lr": lr,
         "lr_base_batch": WORKER_REFERENCE,
         "lr_batch": "worker",
         "lr_scaling": "linear-capped",
     }
+    if damped:
+        rate["async_base_workers"] = ASYNC_REFERENCE_WORKERS
+    return rate
+
+
+def damped_step(lr: float, momentum: float, damping: float) -> tuple[float, float]:
+    """The rate and momentum of an asynchronous step damped by ``damping`` = s
+    (``TrainConfig.async_damping``): the effective step ``lr / (1 - momentum)`` times s, taken
+    from the momentum first (``1 - momentum`` over s, not below momentum 0: the staleness of P
+    workers is itself momentum, Mitliagkas et al. 2016, so explicit momentum is what to give
+    up), and from the rate for the rest.
+
+    benchmarks/results/async_workers_sweep_*.md, 8 workers (s = 0.5): async-msgd at its 4-worker
+    momentum 0.9 ended at 68.3%, at 0.8 (this rule) 84.7%, at 0.9 with half the rate 82.9%;
+    async-sgd at half its rate reached 85% in 2.97 epochs, at its own rate 84.4% after 3."""
+    if damping >= 1.0:
+        return lr, momentum
+    damped_momentum = max(0.0, 1.0 - (1.0 - momentum) / damping)
+    return lr * damping * (1.0 - damped_momentum) / (1.0 - momentum), damped_momentum
 
 
 BATCH_COUNTED = {
@@ -62,9 +83,12 @@ def describe_rate(defaults: Mapping[str, Any]) -> str:
         counted = BATCH_COUNTED[defaults.get("lr_batch", "global")]
         rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")]
         rate += f" x {rule}, r = B / {base}, B = {counted}"
+    workers = defaults.get("async_base_workers")
+    if workers:
+        rate += f"; beyond {workers} workers P the step is damped by {workers} / P"
     others = [
         f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
         for key, value in defaults.items()
-        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling")
+        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling", "async_base_workers")
     ]
     return ", ".join([rate, *others])

@@ -37,6 +37,10 @@ def run_summary(
     }
     target = config.target_spec
     lr = initial_lr(method.optimizer, config.scaled_lr)  # as the optimizer took it
+    settings = {**run_settings(config), "lr": lr}
+    group = method.optimizer.param_groups[0] if method.optimizer is not None else {}
+    if "momentum" in settings and "momentum" in group:  # e.g. damped for the worker count
+        settings["momentum"] = group["momentum"]
     return {
         "method": config.method,
         "workers": data_workers * config.model_parallel,  # every model group's ranks
@@ -50,9 +54,9 @@ def run_summary(
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,
         "lr": lr,
-        # what this method used (compare's rows); the rate is the optimizer's, which is a
-        # user's own optimizer's rate when they gave one
-        "settings": {**run_settings(config), "lr": lr},
+        # what this method used (compare's rows); the rate and momentum are the optimizer's
+        # (a user's own optimizer's, when they gave one)
+        "settings": settings,
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": type(method.scheduler).__name__ if method.scheduler else None,
         "final_test_accuracy": final_metrics.get("accuracy"),
