@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tether.training.trainer import MIN_EVAL_INTERVAL, MIN_EVALUATIONS, default_eval_every
+from tether.training.evaluation import MIN_EVAL_INTERVAL, MIN_EVALUATIONS, default_eval_every
 
 
 def test_four_per_epoch_in_long_runs() -> None:

@@ -23,6 +23,20 @@ from tether.training.objective import Objective, takes_model_and_batch
 Metrics = Mapping[str, Callable[..., float]]
 
 
+MIN_EVALUATIONS = 8  # a short run still gets a curve, not a point
+MIN_EVAL_INTERVAL = 10  # ...but a very short one is not evaluated at every step
+
+
+def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> int:
+    """About four evaluations per epoch, and at least ``MIN_EVALUATIONS`` in a run of
+    ``total_steps`` (no closer than ``MIN_EVAL_INTERVAL`` steps apart): enough points for an
+    accuracy-vs-time curve. The last step is always evaluated as well."""
+    every = max(1, steps_per_epoch // 4)
+    if total_steps is not None:
+        every = min(every, max(MIN_EVAL_INTERVAL, total_steps // MIN_EVALUATIONS))
+    return every
+
+
 class Evaluator:
     """Scores a model on batches with the loss and metrics; ``all_reduce`` (sums in place) joins
     the ranks' shares, or is None when one process scores the whole set (a server)."""

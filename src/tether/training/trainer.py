@@ -46,7 +46,7 @@ from tether.parallel import full_state_dict
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import build_method, computing_workers, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint
-from tether.training.evaluation import Evaluator
+from tether.training.evaluation import Evaluator, default_eval_every
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
@@ -54,20 +54,8 @@ from tether.training.objective import Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_record import RunRecord
+from tether.training.server_progress import ServerProgress, evaluation_postfix
 from tether.training.task import Task
-
-MIN_EVALUATIONS = 8  # a short run still gets a curve, not a point
-MIN_EVAL_INTERVAL = 10  # ...but a very short one is not evaluated at every step
-
-
-def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> int:
-    """About four evaluations per epoch, and at least ``MIN_EVALUATIONS`` in a run of
-    ``total_steps`` (no closer than ``MIN_EVAL_INTERVAL`` steps apart): enough points for an
-    accuracy-vs-time curve. The last step is always evaluated as well."""
-    every = max(1, steps_per_epoch // 4)
-    if total_steps is not None:
-        every = min(every, max(MIN_EVAL_INTERVAL, total_steps // MIN_EVALUATIONS))
-    return every
 
 
 @dataclass(frozen=True)
@@ -232,17 +220,20 @@ class Trainer:
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
-        self.bar = progress_bar(
-            self.total_steps, self.config.progress, initial=self.record.start_step, desc="serve"
+        hooks = ServerProgress(
+            self.config,
+            self.record,
+            self.total_steps,
+            self.eval_every,
+            self.metrics,
+            self.tensorboard,
+            self._evaluate,
+            self._checkpoint,
         )
-        self.shown_step = self.record.start_step
-        self.next_eval = (self.record.start_step // self.eval_every + 1) * self.eval_every
-        every = self.config.checkpoint_every
-        self.next_checkpoint = (self.record.start_step // every + 1) * every if every else None
         try:
-            result = self.method.serve(self)
+            result = self.method.serve(hooks)
         finally:
-            self.bar.close()
+            hooks.close()
         last = max(result.global_step, self.record.start_step)
         # The center (or the weights) may have moved since the last evaluation at this step:
         # exchanges that arrive between two global steps move it without advancing the count.
@@ -259,44 +250,6 @@ class Trainer:
         self._write_results(last, result.totals, self.method.eval_model().state_dict(), extra)
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         result.check_complete(self.total_steps, stopped_at_target)
-
-    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
-        """Server hook: a worker's mean training loss over its last ``steps`` local steps, logged
-        at the run's global step as of its arrival."""
-        self.metrics.write(
-            {
-                "step": self.shown_step,
-                "worker": rank,
-                "worker_step": worker_step,
-                "loss": loss,
-                "loss_steps": steps,
-            }
-        )
-        if self.tensorboard is not None:
-            self.tensorboard.add_scalar("train/loss", loss, self.shown_step)
-
-    def on_progress(self, global_step: int) -> bool:
-        """Server hook, after each update: progress bar, evaluation, checkpoints; True = stop."""
-        self.bar.update(max(0, global_step - self.shown_step))
-        self.shown_step = max(self.shown_step, global_step)
-        if global_step >= self.next_eval:
-            result = self._evaluate(global_step)
-            self.bar.set_postfix(**self._postfix(result), refresh=False)
-            # Workers that never wait for the server (Hogwild) can pass several evaluation
-            # points during one evaluation: evaluate once, at the newest step.
-            self.next_eval = (global_step // self.eval_every + 1) * self.eval_every
-        if self.next_checkpoint is not None and global_step >= self.next_checkpoint:
-            self._checkpoint(global_step)
-            every = self.config.checkpoint_every
-            self.next_checkpoint = (global_step // every + 1) * every
-        return self.config.stop_at_target and self.record.time_to_target is not None
-
-    def _postfix(self, result: dict[str, float]) -> dict[str, str]:
-        """The progress bar's evaluation figure: the target's metric, else accuracy, else loss."""
-        for name in (self.target.metric if self.target else None, "accuracy", "loss"):
-            if name is not None and name in result:
-                return {"acc" if name == "accuracy" else f"test_{name}": f"{result[name]:.3f}"}
-        return {}
 
     def _backward(self, batch: Any) -> torch.Tensor:
         """Forward and backward on one batch: the closure the method's step runs, which clears
@@ -377,7 +330,8 @@ class Trainer:
                     continue  # the server evaluates and checkpoints
                 if step % self.eval_every == 0 or step == self.total_steps:
                     result = self._evaluate(step)
-                    bar.set_postfix(loss=f"{loss_value:.3f}", **self._postfix(result))
+                    postfix = evaluation_postfix(self.target, result)
+                    bar.set_postfix(loss=f"{loss_value:.3f}", **postfix)
                     if config.stop_at_target and self.record.time_to_target is not None:
                         break
                 if config.checkpoint_every and step % config.checkpoint_every == 0:

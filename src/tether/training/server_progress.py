@@ -1,0 +1,95 @@
+"""The trainer's side of a server's loop: the hooks (:class:`~tether.methods.ps_method.ServerHooks`)
+a parameter-server or Hogwild method's ``serve`` calls as updates arrive. The server process owns
+the run's progress: it shows the global step, evaluates the model it holds every ``eval_every``
+global steps, checkpoints, logs the losses its workers report, and says when to stop at the
+target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tether.config import TrainConfig
+from tether.observe.metrics import MetricsLog
+from tether.observe.progress import progress_bar
+from tether.targets import Target
+from tether.training.run_record import RunRecord
+
+
+def evaluation_postfix(target: Target | None, result: dict[str, float]) -> dict[str, str]:
+    """The progress bar's evaluation figure: the target's metric, else accuracy, else loss."""
+    for name in (target.metric if target else None, "accuracy", "loss"):
+        if name is not None and name in result:
+            return {"acc" if name == "accuracy" else f"test_{name}": f"{result[name]:.3f}"}
+    return {}
+
+
+def next_multiple(step: int, every: int) -> int:
+    """The first multiple of ``every`` after ``step``."""
+    return (step // every + 1) * every
+
+
+class ServerProgress:
+    """Progress bar, evaluations, checkpoints and worker losses of a server's run.
+
+    ``evaluate(step)`` evaluates and records (the trainer's), ``checkpoint(step)`` saves;
+    ``tensorboard`` is the run's writer or None."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        record: RunRecord,
+        total_steps: int,
+        eval_every: int,
+        metrics: MetricsLog,
+        tensorboard: Any,
+        evaluate: Callable[[int], dict[str, float]],
+        checkpoint: Callable[[int], None],
+    ) -> None:
+        self.config = config
+        self.record = record
+        self.metrics = metrics
+        self.tensorboard = tensorboard
+        self.evaluate = evaluate
+        self.checkpoint = checkpoint
+        self.eval_every = eval_every
+        start = record.start_step
+        self.bar = progress_bar(total_steps, config.progress, initial=start, desc="serve")
+        self.shown_step = start
+        self.next_eval = next_multiple(start, eval_every)
+        every = config.checkpoint_every
+        self.next_checkpoint = next_multiple(start, every) if every else None
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+        """A worker's mean training loss over its last ``steps`` local steps, logged at the
+        run's global step as of its arrival."""
+        self.metrics.write(
+            {
+                "step": self.shown_step,
+                "worker": rank,
+                "worker_step": worker_step,
+                "loss": loss,
+                "loss_steps": steps,
+            }
+        )
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar("train/loss", loss, self.shown_step)
+
+    def on_progress(self, global_step: int) -> bool:
+        """After each update: progress bar, evaluation, checkpoints; True = stop."""
+        self.bar.update(max(0, global_step - self.shown_step))
+        self.shown_step = max(self.shown_step, global_step)
+        if global_step >= self.next_eval:
+            result = self.evaluate(global_step)
+            target = self.config.target_spec
+            self.bar.set_postfix(**evaluation_postfix(target, result), refresh=False)
+            # Workers that never wait for the server (Hogwild) can pass several evaluation
+            # points during one evaluation: evaluate once, at the newest step.
+            self.next_eval = next_multiple(global_step, self.eval_every)
+        if self.next_checkpoint is not None and global_step >= self.next_checkpoint:
+            self.checkpoint(global_step)
+            self.next_checkpoint = next_multiple(global_step, self.config.checkpoint_every)
+        return self.config.stop_at_target and self.record.time_to_target is not None
