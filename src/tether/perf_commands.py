@@ -104,6 +104,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         write_calibration,
     )
 
+    # before minutes of timing: what would fail at its end
+    for option, value, least in (
+        ("--workers", args.workers, 2),
+        ("--repeats", args.repeats, 1),
+        ("--loop-steps", args.loop_steps, 1),
+    ):
+        if value < least:
+            raise TetherError(f"{option} must be at least {least}, got {value}")
+    if not args.timeout > 0:
+        raise TetherError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     config = _config(args)
     name = args.name or f"{socket.gethostname()}-calibrated"
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"

@@ -73,6 +73,8 @@ def test_plan_divides_the_cores_and_pins_only_parts_that_fit() -> None:
     # more processes than cores: one thread each, sharing every core (no pinning)
     crowded = plan_partition(12, 0, True, eight)
     assert (crowded.threads_per_worker, crowded.core_groups) == (1, None)
+    # ... and so with one thread each asked for (it was refused, advising that very setting)
+    assert plan_partition(12, 1, True, eight) == crowded
     with pytest.raises(TetherError, match="4 workers x 3 threads need 12 cores") as refused:
         plan_partition(4, 3, True, eight)
     assert "--threads-per-worker 2" in str(refused.value)

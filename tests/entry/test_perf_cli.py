@@ -87,6 +87,11 @@ def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     assert "sync-sgd" in line and "async-sgd" in line
     line = _error_line(capsys, ["simulate", "--workers", "0"])
     assert "workers" in line
+    for option, value in (("--loop-steps", "0"), ("--repeats", "0"), ("--workers", "1")):
+        line = _error_line(capsys, ["calibrate", option, value])  # before any timing
+        assert f"{option} must be at least" in line, line
+    line = _error_line(capsys, ["calibrate", "--timeout", "nan"])
+    assert "--timeout must be a positive number" in line
     with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
         main(["predict", "--workers", "0,2"])
     assert exit_info.value.code == 2

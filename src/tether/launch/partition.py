@@ -57,14 +57,15 @@ def plan_partition(
 ) -> Partition:
     """The partition of ``cores`` among ``workers_per_node`` processes (every rank on the node,
     a parameter server included). ``threads_per_worker`` 0 divides the cores evenly (at least one
-    thread each); an explicit count whose total exceeds the cores is refused, since the parts
-    would then take turns on cores instead of running side by side. Core groups are consecutive
+    thread each); an explicit count above one whose total exceeds the cores is refused, since
+    the parts would then take turns on cores instead of running side by side (one thread each
+    is the least there is: with more processes than cores it is what 0 gives too). Core groups are consecutive
     cores, given only when ``pin`` and every part gets its own."""
     workers = max(1, workers_per_node)
     if threads_per_worker < 0:
         raise TetherError(f"threads_per_worker must be >= 0, got {threads_per_worker}")
     threads = threads_per_worker or max(1, len(cores) // workers)
-    if threads_per_worker and workers * threads > len(cores):
+    if threads_per_worker > 1 and workers * threads > len(cores):
         raise TetherError(
             f"{workers} workers x {threads} threads need {workers * threads} cores and this "
             f"node has {len(cores)}: use --threads-per-worker {max(1, len(cores) // workers)} "

@@ -38,9 +38,12 @@ def run_summary(
     target = config.target_spec
     lr = initial_lr(method.optimizer, config.scaled_lr)  # as the optimizer took it
     settings = {**run_settings(config), "lr": lr}
-    group = method.optimizer.param_groups[0] if method.optimizer is not None else {}
-    if "momentum" in settings and "momentum" in group:  # e.g. damped for the worker count
-        settings["momentum"] = group["momentum"]
+    if method.optimizer is not None and "momentum" in settings:
+        group = method.optimizer.param_groups[0]
+        if "momentum" in group:  # e.g. damped for the worker count
+            settings["momentum"] = group["momentum"]
+        else:  # a user's optimizer without one (Adam)
+            del settings["momentum"]
     return {
         "method": config.method,
         "workers": data_workers * config.model_parallel,  # every model group's ranks
