@@ -130,7 +130,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # what the loop adds to the model's own step: the batch, bookkeeping, the metrics line
     workload = dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s))
     print(
-        f"tether: timing native all-reduce on {args.workers} local ranks (about a minute)",
+        f"tether: timing native all-reduce on {args.workers} local ranks (seconds)",
         file=sys.stderr,
     )
     links = measure_links(args.workers, max(1, config.threads_per_worker), args.timeout)
