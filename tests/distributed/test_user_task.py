@@ -286,6 +286,8 @@ def _check_step_losses(path: Path, method: str) -> None:
     loss board) and covering every step it took, falling as it trains."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
     losses = [r for r in records if "loss" in r and "event" not in r]
+    clock = [r["time_s"] for r in losses]  # the training clock, for loss-against-time curves
+    assert clock == sorted(clock) and clock[0] >= 0, (method, clock)
     if not METHODS.get(method).server_processes:
         assert [r["step"] for r in losses] == list(range(1, STEPS + 1)), method
         return

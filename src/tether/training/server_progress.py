@@ -32,8 +32,9 @@ def next_multiple(step: int, every: int) -> int:
 class ServerProgress:
     """Progress bar, evaluations, checkpoints and worker losses of a server's run.
 
-    ``evaluate(step)`` evaluates and records (the trainer's), ``checkpoint(step)`` saves;
-    ``tensorboard`` is the run's writer or None."""
+    ``evaluate(step)`` evaluates and records (the trainer's), ``checkpoint(step)`` saves,
+    ``clock()`` is the run's training clock (as the evaluations' ``time_s``); ``tensorboard``
+    is the run's writer or None."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class ServerProgress:
         tensorboard: Any,
         evaluate: Callable[[int], dict[str, float]],
         checkpoint: Callable[[int], None],
+        clock: Callable[[], float],
     ) -> None:
         self.config = config
         self.record = record
@@ -52,6 +54,7 @@ class ServerProgress:
         self.tensorboard = tensorboard
         self.evaluate = evaluate
         self.checkpoint = checkpoint
+        self.clock = clock
         self.eval_every = eval_every
         start = record.start_step
         self.bar = progress_bar(total_steps, config.progress, initial=start, desc="serve")
@@ -73,6 +76,7 @@ class ServerProgress:
                 "worker_step": worker_step,
                 "loss": loss,
                 "loss_steps": steps,
+                "time_s": self.clock(),
             }
         )
         if self.tensorboard is not None:

@@ -229,6 +229,7 @@ class Trainer:
             self.tensorboard,
             self._evaluate,
             self._checkpoint,
+            self._training_clock,
         )
         try:
             result = self.method.serve(hooks)
@@ -312,8 +313,7 @@ class Trainer:
                         "data_s": data_s,
                         "compute_s": times.compute_s,
                         "comm_s": times.comm_s,
-                        # the training clock at the step's end, as the evaluations' time_s
-                        "time_s": self._elapsed() - self.record.eval_s,
+                        "time_s": self._training_clock(),  # at the step's end
                     }
                 )
                 if self.tensorboard is not None:
@@ -343,6 +343,11 @@ class Trainer:
     # -- pieces ----------------------------------------------------------------------------------
     def _elapsed(self) -> float:
         return self.record.elapsed_before + time.perf_counter() - self.t0
+
+    def _training_clock(self) -> float:
+        """Training time: the run's clock without the evaluation pauses (``time_s`` of the
+        evaluations and of the loss lines in metrics.jsonl)."""
+        return self._elapsed() - self.record.eval_s
 
     def _save_timeline(self, merge: bool = False) -> None:
         """Write this rank's timeline file once (and on rank 0 after a clean run, merge)."""
@@ -381,7 +386,7 @@ class Trainer:
             # Training time: evaluation pauses are not counted, so methods that evaluate on a
             # server and methods that evaluate on every worker are timed alike (Hogwild workers
             # do not pause, so there nothing is subtracted).
-            "time_s": self._elapsed() - self.record.eval_s,
+            "time_s": self._training_clock(),
             "step": step,
             "epoch": step / self.steps_per_epoch,
             **{f"test_{name}": value for name, value in result.items()},
