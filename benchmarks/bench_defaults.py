@@ -207,7 +207,14 @@ def main() -> None:
             c = json.loads(line)
             done[cell_key(c["method"], c["workers"], c["settings"])] = c
     info, started = machine(), time.perf_counter()
-    cells: list[dict[str, Any]] = list(done.values()) if args.render else []
+    # --render: every cell, in the table's order (methods as `tether list` has them, then the
+    # worker count), whatever order they were run and re-run in
+    order = {name: i for i, name in enumerate(METHODS.names())}
+    cells: list[dict[str, Any]] = (
+        sorted(done.values(), key=lambda c: (order.get(c["method"], len(order)), c["workers"]))
+        if args.render
+        else []
+    )
     todo = [] if args.render else itertools.product(methods, counts, variants)
     with ForeignLoad() as load:
         for method, workers, variant in todo:

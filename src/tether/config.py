@@ -83,7 +83,7 @@ class TrainConfig:
     # Damping an asynchronous parameter-server method's step as workers are added: when set, its
     # defaults were tuned at this many workers, and with P more each push is about P updates
     # stale, which acts as extra momentum; the step is damped by min(1, base / P)
-    # (async_damping; how a method applies it: tether.methods.default_rates.damped_for_workers).
+    # (async_damping; how a method applies it: tether.methods.default_rates.damped_step).
     async_base_workers: int = 0
     # Clip the gradient's global norm to this before each update (after the all-reduce in the
     # synchronous methods, so every rank clips alike; per worker elsewhere).

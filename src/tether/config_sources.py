@@ -115,7 +115,9 @@ def resolve_config(
             # taken as it is, and one given with a base batch scales by the user's rule.
             for key in ("lr_base_batch", "lr_scaling", "warmup_epochs", "async_base_workers"):
                 defaults.pop(key, None)
-        if "momentum" in given:  # damping takes from the momentum first: the user's stays
+        if "momentum" in given and "momentum" in defaults:
+            # the damping takes from the method's own momentum first: the user's stays (a
+            # method without one, async-sgd, damps its rate and ignores a momentum given)
             defaults.pop("async_base_workers", None)
         config = apply_overrides(config, defaults)
     return apply_overrides(config, given).validate()

@@ -58,7 +58,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         data_dir=args.data_dir,
         batch_size=args.batch_size,
         threads_per_worker=args.threads_per_worker,
-    )
+    ).validate()  # a batch size or thread count no run could use: one line
     check_names(config)
     return config
 

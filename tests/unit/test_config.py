@@ -200,6 +200,8 @@ def test_the_parameter_server_defaults_are_damped_but_a_users_settings_are_not()
     assert _server_step(**sgd, workers=4)["lr"] == pytest.approx(0.1)
     assert _server_step(**sgd, workers=8) == {"lr": pytest.approx(0.05), "momentum": 0}
     assert _server_step(**sgd, workers=8, lr=0.1)["lr"] == 0.1
+    # async-sgd has no momentum to take from: one given (and ignored) leaves the damping on
+    assert _server_step(**sgd, workers=8, momentum=0.5)["lr"] == pytest.approx(0.05)
     damped = [m for m in METHODS.names() if method_defaults(m).get("async_base_workers")]
     assert damped == ["async-sgd", "async-msgd"]
     ignored = ignored_settings(TrainConfig(method="sync-sgd"), ["async_base_workers"])

@@ -21,6 +21,6 @@ class AsyncMSGD(AsyncSGD):
     """
 
     name = "async-msgd"
-    defaults = own_batch_rate(0.01, damped=True)
+    defaults = {**own_batch_rate(0.01, damped=True), "momentum": 0.9}  # damped from 0.9
     local_step_name = "sgd"
     settings = AsyncSGD.settings | {"momentum"}

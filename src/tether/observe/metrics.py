@@ -83,12 +83,19 @@ class MetricsLog:
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records after ``last_step`` (a resumed run repeats them from its checkpoint)."""
+    """Drop records after ``last_step`` (a resumed run repeats them from its checkpoint). A
+    worker's loss report logged at ``last_step`` itself arrived after the server's checkpoint
+    there (it is logged at the global step as of its arrival), so it goes too."""
     if not path.exists():
         return
+
+    def kept_line(record: dict) -> bool:
+        step = record.get("step", 0)
+        return step < last_step or (step == last_step and "worker" not in record)
+
     kept = [
         line
         for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= last_step
+        if line.strip() and kept_line(json.loads(line))
     ]
     path.write_text("".join(line + "\n" for line in kept))

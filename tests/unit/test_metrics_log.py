@@ -1,0 +1,28 @@
+"""metrics.jsonl on resume: what a resumed run will write again is dropped first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tether.observe.metrics import truncate_metrics
+
+
+def test_a_resume_drops_what_came_after_its_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 9, "loss": 1.0, "time_s": 0.9},  # a replicated run's step lines
+        {"step": 10, "loss": 0.9, "time_s": 1.0},  # the checkpoint's step: written before it
+        {"step": 11, "loss": 0.8, "time_s": 1.1},
+        {"event": "eval", "step": 10, "time_s": 1.05},
+        {"step": 9, "worker": 1, "loss": 1.0, "loss_steps": 4, "time_s": 0.95},
+        # a server logs a report at the global step as of its arrival: one logged at the
+        # checkpoint's step arrived after the checkpoint, and its steps are trained again
+        {"step": 10, "worker": 2, "loss": 0.9, "loss_steps": 4, "time_s": 1.2},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    truncate_metrics(path, 10)
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert kept == [records[0], records[1], records[3], records[4]]
+    truncate_metrics(tmp_path / "none.jsonl", 10)  # no file yet: nothing to do
+    assert not (tmp_path / "none.jsonl").exists()
