@@ -267,6 +267,10 @@ def test_every_collective_against_naive_and_native(
 def _one_rank_leaves(rank: int, world: int) -> str:
     """Rank 1 leaves the group instead of joining a ring all-reduce (its process ends, closing
     its connections): the ranks left must fail, not hang, and name whom they gave up on."""
+    # Every rank has finished connecting to every other first: a rank 1 that left at once
+    # could close its connections while rank 0 was still setting up the group (gloo's
+    # connectFullMesh then failed in rank 0, before any collective: seen once in CI).
+    dist.barrier()
     if rank == 1:
         return ""
     try:
