@@ -1,8 +1,9 @@
 """Run configuration: one frozen dataclass and its validation (where its values come from: TOML
 files, ``--set key=value``, a method's defaults: :mod:`tether.config_sources`).
 
-A config is data only: process groups, modules and optimizers are runtime arguments, never fields.
-Variants are made with :func:`dataclasses.replace`. Every mistake a user can make here is a :class:`~tether.errors.TetherError` with a one-line message.
+A config is data only: process groups, modules and optimizers are runtime arguments, never
+fields. Variants are made with :func:`dataclasses.replace`. Every mistake a user can make here
+is a :class:`~tether.errors.TetherError` with a one-line message.
 
 This module is a leaf: it checks ranges and formats, not names. Which names exist (methods, models,
 data sets, optimizers, ...) is :mod:`tether.catalog`'s business, which also applies a method's

@@ -59,8 +59,8 @@ def plan_partition(
     a parameter server included). ``threads_per_worker`` 0 divides the cores evenly (at least one
     thread each); an explicit count above one whose total exceeds the cores is refused, since
     the parts would then take turns on cores instead of running side by side (one thread each
-    is the least there is: with more processes than cores it is what 0 gives too). Core groups are consecutive
-    cores, given only when ``pin`` and every part gets its own."""
+    is the least there is: with more processes than cores it is what 0 gives too). Core groups
+    are consecutive cores, given only when ``pin`` and every part gets its own."""
     workers = max(1, workers_per_node)
     if threads_per_worker < 0:
         raise TetherError(f"threads_per_worker must be >= 0, got {threads_per_worker}")

@@ -69,13 +69,24 @@ def uses_momentum(config: TrainConfig) -> bool:
     return "momentum" in METHODS.get(config.method).settings
 
 
-def run_settings(config: TrainConfig) -> dict[str, object]:
+def initial_lr(optimizer: torch.optim.Optimizer | None, fallback: float) -> float:
+    """The rate the optimizer started from (a schedule's base; a user's own optimizer's own)."""
+    if optimizer is None or not optimizer.param_groups:
+        return fallback
+    group = optimizer.param_groups[0]
+    return float(group.get("initial_lr", group.get("lr", fallback)))
+
+
+def run_settings(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> dict[str, object]:
     """The settings the run's method actually uses, for its summary and comparison row: the
-    learning rate (scaled, if asked), the per-worker batch, momentum where it applies, and the
-    method's own settings that are set (tau, alpha, rho, ...)."""
-    settings: dict[str, object] = {"lr": config.scaled_lr, "batch_size": config.batch_size}
-    if uses_momentum(config):
-        settings["momentum"] = config.momentum
+    learning rate and momentum as ``optimizer`` took them (scaled or damped defaults, or a
+    user's own optimizer's; no momentum for one without it, Adam), the per-worker batch, and
+    the method's own settings that are set (tau, alpha, rho, ...)."""
+    group = optimizer.param_groups[0] if optimizer is not None and optimizer.param_groups else {}
+    lr = initial_lr(optimizer, config.scaled_lr)
+    settings: dict[str, object] = {"lr": lr, "batch_size": config.batch_size}
+    if uses_momentum(config) and (not group or "momentum" in group):
+        settings["momentum"] = group.get("momentum", config.momentum)
     for key in sorted(METHODS.get(config.method).settings):
         value = getattr(config, key, None)
         if value is not None and key != "momentum":

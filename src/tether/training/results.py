@@ -13,7 +13,7 @@ from tether.config import TrainConfig
 from tether.methods import TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json
 from tether.observe.metrics import PhaseTotals
-from tether.training.build import run_settings
+from tether.training.build import initial_lr, run_settings
 from tether.training.run_record import RunRecord
 from tether.training.task import Task
 
@@ -36,14 +36,6 @@ def run_summary(
         key.removeprefix("test_"): value for key, value in final.items() if key.startswith("test_")
     }
     target = config.target_spec
-    lr = initial_lr(method.optimizer, config.scaled_lr)  # as the optimizer took it
-    settings = {**run_settings(config), "lr": lr}
-    if method.optimizer is not None and "momentum" in settings:
-        group = method.optimizer.param_groups[0]
-        if "momentum" in group:  # e.g. damped for the worker count
-            settings["momentum"] = group["momentum"]
-        else:  # a user's optimizer without one (Adam)
-            del settings["momentum"]
     return {
         "method": config.method,
         "workers": data_workers * config.model_parallel,  # every model group's ranks
@@ -56,10 +48,8 @@ def run_summary(
         "batch_size": config.batch_size,
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,
-        "lr": lr,
-        # what this method used (compare's rows); the rate and momentum are the optimizer's
-        # (a user's own optimizer's, when they gave one)
-        "settings": settings,
+        "lr": initial_lr(method.optimizer, config.scaled_lr),  # as the optimizer took it
+        "settings": run_settings(config, method.optimizer),  # what it used (compare's rows)
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": type(method.scheduler).__name__ if method.scheduler else None,
         "final_test_accuracy": final_metrics.get("accuracy"),
@@ -79,14 +69,6 @@ def run_summary(
         **extra,
         "history": record.history,
     }
-
-
-def initial_lr(optimizer: torch.optim.Optimizer | None, fallback: float) -> float:
-    """The rate the optimizer started from (a schedule's base; a user's own optimizer's own)."""
-    if optimizer is None or not optimizer.param_groups:
-        return fallback
-    group = optimizer.param_groups[0]
-    return float(group.get("initial_lr", group.get("lr", fallback)))
 
 
 def write_results(run_dir: Path, summary: dict[str, Any], model_state: dict[str, Any]) -> None:
