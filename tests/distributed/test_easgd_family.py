@@ -280,7 +280,7 @@ def _step_jumper(rank: int, world: int) -> dict:
         result = method.serve(RecordingHooks())
         return {"lost": dict(result.lost_workers), "global_step": result.global_step}
     if rank == 2:
-        transport.send_message(method.flat, 0, MessageKind.PARAMS, step=1_000_000)
+        method.wire.send_message(method.flat, 0, MessageKind.PARAMS, step=1_000_000)
         return {}
     for step in range(STEPS):
         cross_entropy_step(method, *_batch(step, 0, 2))

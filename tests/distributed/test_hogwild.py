@@ -10,7 +10,9 @@ each on a fresh process group:
 - sharing: two workers updating concurrently all land in one buffer (every rank reads the same
   bytes afterwards), both workers' steps are counted, the goodbyes arrive, nobody is lost;
 - lock-free: workers run with every Python lock constructor and file lock replaced by one that
-  raises; the threaded server's center updates are seen running in two threads at once;
+  raises (a lock made before, the socket wire's per-connection write lock around hogwild-easgd's
+  messages to the server, is I/O, not the update); the threaded server's center updates are
+  seen running in two threads at once;
 - stop: the server's stop flag (or STOP reply) ends every worker early.
 """
 
@@ -147,8 +149,8 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
         }
     else:
         totals = PhaseTotals()
+        method.start()  # (its messages to the server are no update: they may take locks)
         with _no_locks() if no_locks else nullcontext():
-            method.start()
             turn = torch.empty(0)
             if sequential and rank > 1:
                 transport.recv_message(turn, src=rank - 1, channel=TURN_CHANNEL)
@@ -157,7 +159,7 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
                 totals.add(0.0, 0.0, 0.0, BATCH)
             if sequential and rank < world - 1:
                 transport.send_message(turn, rank + 1, MessageKind.STOP, channel=TURN_CHANNEL)
-            method.finish(totals)
+        method.finish(totals)
         out = {"x": method.flat.clone(), "steps": method.local_step}
         out["stop_requested"] = method.stop_requested
     transport.barrier()  # every update is done: all ranks read the shared buffer now

@@ -223,6 +223,28 @@ def test_two_level_easgd_across_nodes_is_the_emulated_one(
 
 
 @needs_netns
+@pytest.mark.slow
+def test_parameter_server_across_nodes(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    # The server (rank 0, node 0) listens for its workers' connections on node 0's address (the
+    # rendezvous address), not loopback: the workers of node 1 reach it over the veth, and
+    # every exchange (the model out and back) crosses it.
+    steps, workers = 12, cluster.nodes * NPROC - 1
+    args = ["--method", "async-easgd", "--dataset", "digits", "--model", "mlp", "--tau", "2"]
+    args += ["--steps", str(steps), "--workers", str(workers), "--timeout", "30"]
+    run_dir = tmp_path / "run"
+    before = [_tx_bytes(cluster, i) for i in range(cluster.nodes)]
+    _ok(torchrun_across(cluster, NPROC, ["-m", "tether.run", *args, "--out", str(run_dir)], 120))
+    sent = [_tx_bytes(cluster, i) - before[i] for i in range(cluster.nodes)]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["lost_workers"] == [] and summary["steps"] == steps, summary
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    model_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    # Node 1's NPROC workers each exchange every tau steps: the model goes both ways.
+    exchanges = NPROC * steps // 2
+    assert min(sent) >= exchanges * model_bytes, (sent, model_bytes)
+
+
+@needs_netns
 def test_torchrun_across_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-ins for torchrun, so no torch start-up is paid: node 1 fails at once, node 0 would
     # wait forever (as an agent waits for a rendezvous whose peer died).

@@ -46,6 +46,7 @@ class MessageProtocol:
     """``isend_message`` / ``send_message`` / ``recv_message`` on a transport's primitives."""
 
     rank: int
+    world_size: int
     # Words a header receive posts. A transport whose receive aborts the process on a message
     # longer than the buffer (gloo) posts more than a header needs, zeroed, and refuses a header
     # with anything beyond its words; one that reports it (MPI: truncation) posts exactly.

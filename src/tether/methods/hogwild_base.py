@@ -91,16 +91,17 @@ class HogwildMethod(ServerMethod):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.workers = self.computing_workers()
-        if self.is_server:
-            # Steps come from the board (this node's shared memory); a goodbye may follow the
-            # last reading by any number of steps.
-            self.server.max_step_jump = MAX_STEP
         self.board: torch.Tensor | None = None  # None until start, or without shared memory
         # Per worker (sum of losses, count): shared (the workers add to it), or the server's own
         # (filled by its threads from the message headers); None on a worker without one.
         self.losses: torch.Tensor | None = None
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
         self.stopping = False
+
+    def max_step_jump(self) -> int:
+        # Steps come from the board (this node's shared memory); a goodbye may follow the last
+        # reading by any number of steps.
+        return MAX_STEP
 
     def require_cpu(self) -> None:
         if self.context.device.type != "cpu":
@@ -115,12 +116,13 @@ class HogwildMethod(ServerMethod):
         handshake. Returns the shared vector; a worker finds the initial weights in ``initial``.
         ``step`` is the first step (non-zero on resume); it replaces ServerMethod.start."""
         self.local_step = step
+        self.open_wire()
         numel, dtype = self.flat.numel(), self.flat.dtype
         words = 2 * self.workers + 1
         run_id = self.context.placement.run_id
         token = torch.zeros(1, dtype=torch.int64)
         if not self.is_server:
-            self.transport.recv_message(
+            self.wire.recv_message(
                 token, src=0, kinds=frozenset({MessageKind.HELLO}), channel=SETUP_CHANNEL
             )
             files = SharedFiles(run_id, int(token[0]))
@@ -140,7 +142,7 @@ class HogwildMethod(ServerMethod):
             self.losses = files.create("losses", 2 * self.workers, torch.float64)
             self.losses.zero_()
             for rank in self.server.state.workers:
-                self.transport.send_message(token, rank, MessageKind.HELLO, channel=SETUP_CHANNEL)
+                self.wire.send_message(token, rank, MessageKind.HELLO, channel=SETUP_CHANNEL)
             # The handshake sends the private copy: a worker that already steps on the shared
             # vector cannot tear what a later worker receives.
             self.server.handshake(self.flat, step)

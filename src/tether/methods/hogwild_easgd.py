@@ -115,7 +115,7 @@ class HogwildEASGD(HogwildMethod):
             assert self.board is not None
             self.board[self.workers + self.worker_index()] += 1
             return
-        self.transport.send_message(
+        self.wire.send_message(
             self.flat,
             SERVER,
             MessageKind.PARAMS,
@@ -124,7 +124,7 @@ class HogwildEASGD(HogwildMethod):
             loss=self.link.take_loss(),
         )
         buffers = {MessageKind.DELTA: self._delta, MessageKind.STOP: self._stop}
-        msg = self.transport.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+        msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
         if msg.header.kind is MessageKind.STOP:
             self.link.stop_requested = True
         else:
@@ -142,9 +142,9 @@ class HogwildEASGD(HogwildMethod):
                 flatten_parameters(self._center_copy, storage=self.center)
         if self.center is None and not self.link.stop_requested:
             empty = self._stop
-            self.transport.send_message(empty, SERVER, MessageKind.PULL, channel=EXCHANGE_CHANNEL)
+            self.wire.send_message(empty, SERVER, MessageKind.PULL, channel=EXCHANGE_CHANNEL)
             buffers = {MessageKind.PARAMS: torch.empty_like(self.flat), MessageKind.STOP: empty}
-            msg = self.transport.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+            msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
             if msg.header.kind is MessageKind.STOP:
                 self.link.stop_requested = True
             else:
@@ -154,7 +154,7 @@ class HogwildEASGD(HogwildMethod):
     def finish(self, totals: PhaseTotals | None) -> None:
         if not self.is_server and not self.use_shared:
             # Releases this worker's server thread and tells it the final step count.
-            self.transport.send_message(
+            self.wire.send_message(
                 self._stop, SERVER, MessageKind.STOP, self.local_step, EXCHANGE_CHANNEL
             )
         super().finish(totals)
@@ -195,9 +195,9 @@ class HogwildEASGD(HogwildMethod):
         }
         try:
             while True:
-                # No timeout: a receive that times out closes every connection of the server;
-                # the watch gives up on a worker whose step count stops moving.
-                msg = self.transport.recv_message(
+                # No timeout: a worker may rightly take long between exchanges; the watch gives
+                # up on a worker whose step count stops moving.
+                msg = self.wire.recv_message(
                     buffers, src=rank, channel=EXCHANGE_CHANNEL, timeout=LISTEN_TIMEOUT
                 )
                 if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
@@ -230,8 +230,8 @@ class HogwildEASGD(HogwildMethod):
         """Reply on the exchange channel, with the run's global step in the header (the worker's
         learning-rate schedule follows it)."""
         global_step = sum(self._steps) // self.workers
-        # Waits without the group's timeout, for the same reason as the receive above.
-        send = self.transport.isend_message(payload, rank, kind, global_step, EXCHANGE_CHANNEL)
+        # Waits without the run's timeout, for the same reason as the receive above.
+        send = self.wire.isend_message(payload, rank, kind, global_step, EXCHANGE_CHANNEL)
         send.wait(LISTEN_TIMEOUT)
 
     def move_center(self, d: torch.Tensor) -> None:

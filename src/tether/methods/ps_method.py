@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from tether.comm.header import MessageKind
+from tether.comm.socket_wire import SocketWire, open_socket_wire
 from tether.comm.transport import Message
 from tether.errors import WorkerFailure
 from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
@@ -71,6 +72,10 @@ class ServerMethod(TrainingMethod):
     """A method whose rank 0 serves the model to workers 1..P over point-to-point messages."""
 
     server_processes: ClassVar[int] = 1
+    # Made by open_wire at start: the connections, and the server's or a worker's end of them.
+    wire: SocketWire
+    server: ServerEndpoint
+    link: WorkerEndpoint
     # Asynchronous methods carry on when a worker dies; a strict round-robin cannot.
     tolerates_worker_loss: ClassVar[bool] = True
     # A worker's learning-rate schedule follows the run's global step (which the server sends
@@ -83,21 +88,44 @@ class ServerMethod(TrainingMethod):
         self.is_server = self.transport.rank == 0
         self._eval_copy: nn.Module | None = None  # a worker's copy of the server's model
         self._eval_flat = self.flat
+        # Called on a worker with the step after each exchange's message is sent (fault
+        # injection: see WorkerEndpoint.on_sent).
+        self.on_sent: Callable[[int], None] | None = None
+
+    def max_step_jump(self) -> int:
+        """How far a worker's step may move between two of its messages (tau steps; a header
+        that goes back or jumps further is a broken or hostile peer, given up on)."""
+        return self.config.tau
+
+    def open_wire(self) -> None:
+        """Connect the server and its workers (collective: every rank, at start).
+
+        The messages travel on their own connections, not on the process group's
+        point-to-point (:mod:`tether.comm.socket_wire`: a peer must not be able to abort the
+        server); the group carries only the set-up's broadcast."""
+        self.wire = open_socket_wire(
+            lambda tensor, src: self.transport.broadcast(tensor, src),
+            self.transport.rank,
+            self.transport.world_size,
+            self.config.timeout_s,
+        )
         if self.is_server:
-            # A worker silent this long after the server's reply is hung: the run goes on without it.
+            # A worker silent this long after the server's reply is hung: the run goes on
+            # without it.
             self.server = ServerEndpoint(
-                self.transport,
+                self.wire,
                 self.flat,
                 silence_timeout_s=self.config.timeout_s,
-                # Between two messages a worker takes tau steps (a goodbye: fewer).
-                max_step_jump=self.config.tau,
+                max_step_jump=self.max_step_jump(),
             )
         else:
-            self.link = WorkerEndpoint(self.transport, self.flat)
+            self.link = WorkerEndpoint(self.wire, self.flat)
+            self.link.on_sent = self.on_sent
 
     def start(self, step: int = 0) -> None:
         """Handshake: the server checks each worker's model and sends it the (restored) weights."""
         super().start(step)
+        self.open_wire()
         if self.is_server:
             self.server.handshake(self.flat, step)
         else:

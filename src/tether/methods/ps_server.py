@@ -12,16 +12,19 @@ Order of service (You, Buluc, Demmel, SC17, section 4):
 - round-robin: the main thread receives from rank 1, 2, ..., P in turn; a worker that is ready
   waits for its predecessors, which is the cost the paper's redesign removes.
 
-Liveness: gloo reports a dead peer only to an operation pending on that peer, and a receive that
-times out closes every connection of the process. So each worker gets a watch thread blocked on a
-second channel; the worker releases it with a goodbye when it finishes, and a crash makes that
-receive fail at once ("connection closed by peer"), which tells the server precisely who was lost.
-The watch and the listener wait with ``LISTEN_TIMEOUT``, not the group's timeout: they may rightly
-wait a whole run, and a gloo receive that times out would close every connection of the server.
-A worker that is alive but silent (hung) is noticed instead by the first-come-first-served loop:
-once the server's reply to it was sent, it has ``silence_timeout_s`` to send its next message; a
-reply it does not read for that long (a stopped process) gives it up too. Replies never block the
-serving thread (:mod:`tether.methods.reply_lines`), so a stalled worker costs only itself.
+Messages travel on the socket wire (:mod:`tether.comm.socket_wire`): one connection per worker
+and channel, so that a peer can neither abort the server (as a message longer than a gloo receive
+does) nor stall anything but its own connection.
+
+Liveness: each worker gets a watch thread blocked on a second channel; the worker releases it
+with a goodbye when it finishes, and a crash closes that connection ("closed its connection"),
+which tells the server precisely who was lost (after reading what the worker sent before it
+died). The watch and the receivers wait with ``LISTEN_TIMEOUT``, not the run's timeout: they may
+rightly wait a whole run. A worker that is alive but silent (hung) is noticed instead by the
+first-come-first-served loop: once the server's reply to it was sent, it has
+``silence_timeout_s`` to send its next message; a reply it does not read for that long (a stopped
+process) gives it up too. Replies never block the serving thread
+(:mod:`tether.methods.reply_lines`), so a stalled worker costs only itself.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.comm.header import DTYPE_CODES, MessageKind
-from tether.comm.transport import Message, TorchTransport
+from tether.comm.messages import Message, MessageProtocol
 from tether.errors import TetherError
 from tether.methods.reply_lines import LISTEN_TIMEOUT, ReplyLines
 from tether.observe.metrics import PhaseTotals
@@ -44,6 +47,9 @@ DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
 HELLO_WORDS = 2  # numel, dtype code
 TOTALS_WORDS = 5  # PhaseTotals fields, float64
+# How long a dead worker's receiver may take to read what the worker sent before it died (its
+# data arrived before the end of its stream; reading it is local work).
+DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ class ServerEndpoint:
 
     def __init__(
         self,
-        transport: TorchTransport,
+        transport: MessageProtocol,
         params: torch.Tensor,
         silence_timeout_s: float | None = None,
         max_step_jump: int = 1,
@@ -137,6 +143,11 @@ class ServerEndpoint:
                 timeout=LISTEN_TIMEOUT,
             )
         except Exception as exc:  # the peer's connection closed: the worker died
+            # Its data connection is another stream: what it sent there before dying is
+            # still to be read (its receiver thread reads up to the end of that stream too).
+            receiver = self._threads.get(("receive", rank))
+            if receiver is not None:
+                receiver.join(DRAIN_S)
             self._events.put(WorkerLost(rank, str(exc).splitlines()[0][:200]))
 
     # -- arrivals --------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from tether.comm.header import DTYPE_CODES, MessageKind
-from tether.comm.transport import TorchTransport
+from tether.comm.messages import MessageProtocol
 from tether.methods.ps_server import DATA_CHANNEL, HELLO_WORDS, WATCH_CHANNEL
 from tether.observe.metrics import PhaseTotals
 
@@ -17,7 +17,7 @@ SERVER = 0
 class WorkerEndpoint:
     """A worker's link to the server: handshake, one exchange per call, goodbye."""
 
-    def __init__(self, transport: TorchTransport, params: torch.Tensor) -> None:
+    def __init__(self, transport: MessageProtocol, params: torch.Tensor) -> None:
         self.transport = transport
         self.params = params
         self._reply = {

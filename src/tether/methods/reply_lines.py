@@ -2,10 +2,10 @@
 
 A worker that is alive but not reading (stopped by SIGSTOP, swapped out, stuck in a user's code)
 leaves the server's reply to it in the kernel's socket buffers; once they are full, the send
-blocks. Blocking the server's one serving thread there would stop every other worker, and a gloo
-send that times out closes every connection of the process, which loses the healthy workers too.
-So the serving thread never waits on a reply: it snapshots the payload, posts the send, and hands
-the pending send to the worker's own waiting thread. A reply that stays pending longer than the
+blocks. Blocking the server's one serving thread there would stop every other worker. So the
+serving thread never waits on a reply: it snapshots the payload, posts the send, and hands the
+pending send to the worker's own line thread, which writes it (on the socket wire a send's bytes
+are written by whoever waits for it). A reply that stays pending longer than the
 run's timeout means the worker stopped reading: the server gives up on that worker alone (its
 thread stays blocked, harmless, until the process exits).
 
@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
+from typing import Any
 
 import torch
 
 from tether.comm.comm_thread import CommThread
 from tether.comm.header import MessageKind
-from tether.comm.transport import PendingSend, TorchTransport
+from tether.comm.messages import MessageProtocol
 
 # Longer than any run: a thread that may rightly wait on a peer must never time out (see above).
 LISTEN_TIMEOUT = datetime.timedelta(days=365)
@@ -42,7 +43,7 @@ class ReplyLine:
         self._pending: tuple[float, Future] | None = None  # (posted at, its wait)
         self.last_completed: float | None = None
 
-    def post(self, send: PendingSend, posted: float) -> None:
+    def post(self, send: Any, posted: float) -> None:
         def wait() -> None:
             try:
                 send.wait(LISTEN_TIMEOUT)
@@ -74,7 +75,7 @@ class ReplyLines:
     """A :class:`ReplyLine` per worker, and the snapshot every reply is sent from."""
 
     def __init__(
-        self, transport: TorchTransport, workers: list[int], on_failure: Callable[[int, str], None]
+        self, transport: MessageProtocol, workers: list[int], on_failure: Callable[[int, str], None]
     ) -> None:
         self.transport = transport
         self.lines = {rank: ReplyLine(rank, on_failure) for rank in workers}

@@ -111,7 +111,7 @@ class Trainer:
             and isinstance(self.method, ServerMethod)
             and not (self.method.is_server)
         ):
-            self.method.link.on_sent = hang_after_send
+            self.method.on_sent = hang_after_send
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
         self.objective = Objective(task.loss)
         # Methods with a server evaluate there; replicated methods evaluate sharded, together.
