@@ -33,6 +33,7 @@ from tether.launch.spawn import run_spawned
 
 # Floats per message: LeNet-5 (61,706 parameters), then 1M and 4M (4 and 16 MB).
 SIZES = [61_706, 1 << 20, 1 << 22]
+LOOPBACK = "127.0.0.1"
 
 
 def _round_trips(wire: MessageProtocol, n: int, exchanges: int) -> list[float]:
@@ -58,7 +59,7 @@ def _run(rank: int, world: int, repeats: int, exchanges: int) -> dict[str, Any]:
     gloo = TorchTransport()
     wires: dict[str, MessageProtocol] = {
         "gloo": gloo,
-        "socket": open_socket_wire(lambda t, s: dist.broadcast(t, s), rank, world, 30.0),
+        "socket": open_socket_wire(lambda t, s: dist.broadcast(t, s), rank, world, 30.0, LOOPBACK),
     }
     medians: dict[str, dict[int, list[float]]] = {name: {n: [] for n in SIZES} for name in wires}
     for _ in range(repeats):

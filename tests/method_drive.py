@@ -45,7 +45,8 @@ class RecordingHooks:
         self.seen: list[int] = []
         self.losses: list[tuple[int, int, float, int]] = []
 
-    def on_progress(self, global_step: int) -> bool:
+    def on_progress(self, global_step: int, consistent: bool = True) -> bool:
+        del consistent
         self.seen.append(global_step)
         return self.stop_at is not None and global_step >= self.stop_at
 

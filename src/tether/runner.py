@@ -20,7 +20,7 @@ from tether.catalog import task_from_config
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides
-from tether.launch.env import DistEnv, cache_dir
+from tether.launch.env import DistEnv, cache_dir, server_wire_address
 from tether.launch.exits import worker_exit_status
 from tether.launch.local import launch_local
 from tether.launch.partition import Partition
@@ -40,6 +40,7 @@ def placement_of(env: DistEnv, partition: Partition | None = None) -> Placement:
         run_id=env.run_id,
         cache_dir=cache_dir(),
         partition=partition.summary() if partition is not None else None,
+        server_address=server_wire_address(env),
     )
 
 

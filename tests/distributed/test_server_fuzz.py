@@ -27,6 +27,7 @@ from tether.comm.socket_wire import (
     open_socket_wire,
     parse_address,
 )
+from tether.launch.env import DistEnv, server_wire_address
 from tether.launch.spawn import run_spawned
 from tether.methods.ps_server import DATA_CHANNEL, ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
@@ -96,7 +97,7 @@ def _fuzz(rank: int, world: int) -> dict:
         dist.broadcast(tensor, src)
 
     if rank == 0:
-        wire = open_socket_wire(broadcast, 0, world, SETUP_S)
+        wire = open_socket_wire(broadcast, 0, world, SETUP_S, server_wire_address(DistEnv.read()))
         server = ServerEndpoint(wire, params, silence_timeout_s=SILENCE_S, max_step_jump=1)
         server.handshake(params)
         received: dict[int, list[float]] = {}

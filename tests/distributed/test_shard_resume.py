@@ -8,6 +8,10 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   to the uninterrupted run, with the same test metrics. The averaging period (tau 3) puts the
   checkpoint between two averagings, where the replicas differ: a resume from one replica (the
   center, or rank 0's) would not give the same weights.
+- original-easgd (a server and 3 workers, round-robin): the workers keep their own replicas
+  too. The server checkpoints only at the end of a round (step 21: the round ending at 12,
+  then the first round end after 20), where every worker saves its shard; interrupted at its
+  evaluation at step 25 (mid-round) and resumed, it ends bitwise equal to the uninterrupted run.
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
 - async-easgd: a resume with nothing left to do saves exactly the checkpoint's center.
 """
@@ -107,6 +111,24 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
             }
         dist.barrier()  # rank 0 has read the shards before the resume overwrites them
         _train(interrupted, **common, resume=True)
+    # original-easgd: the same, its interrupted run stopped by the server at its evaluation
+    common = {"method": "original-easgd", "steps": STEPS, "tau": TAU}
+    common |= {"eval_every": STOP, "checkpoint_every": CHECKPOINT_EVERY}
+    _train(base / "original-easgd" / "whole", **common)
+    interrupted = base / "original-easgd" / "interrupted"
+    _train(interrupted, **common, target="loss<=100", stop_at_target=True)
+    if rank == 0:
+        checkpoint = torch.load(interrupted / "checkpoint.pt", weights_only=True)
+        shards = sorted((interrupted / "checkpoint-ranks").iterdir())
+        out["original-easgd"] = {
+            "checkpoint_step": checkpoint["step"],
+            "shards": [p.name for p in shards],
+            "steps": [torch.load(p, weights_only=True)["step"] for p in shards],
+            "replicas": [_flat(torch.load(p, weights_only=True)["model"]) for p in shards],
+            "center": _flat(checkpoint["model"]),
+        }
+    dist.barrier()
+    _train(interrupted, **common, resume=True)
     # async-easgd: 10 steps with a checkpoint at the last, then a resume with nothing to do
     run = base / "async-easgd"
     settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 10}
@@ -157,6 +179,19 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert summary["rounds"] == STEPS // TAU and summary["tau"] == TAU
     assert summary["alpha"] == 0.9 / WORLD
     assert summary["final_metrics"]["accuracy"] > 0.5, summary["final_metrics"]  # chance: 1/3
+    served = results["original-easgd"]
+    assert served["checkpoint_step"] == 21  # a round's end: 7 rounds of tau 3
+    assert served["shards"] == [f"rank-{r}.pt" for r in range(1, WORLD)]
+    assert served["steps"] == [21] * (WORLD - 1)
+    # each worker's replica is its own, neither the center nor another worker's
+    assert not np.array_equal(served["replicas"][0], served["replicas"][1])
+    assert not np.array_equal(served["replicas"][0], served["center"])
+    whole, resumed = (
+        tmp_path / "original-easgd" / "whole",
+        tmp_path / "original-easgd" / "interrupted",
+    )
+    assert np.array_equal(_saved(whole), _saved(resumed))
+    assert _final_metrics(whole) == _final_metrics(resumed)
     checkpoint = results["async-easgd"]
     assert checkpoint["step"] == 10
     assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.launch.env import DistEnv, first_host
+from tether.launch.env import DistEnv, first_host, server_wire_address
 
 LAUNCHER_VARIABLES = [
     "RANK",
@@ -37,6 +37,7 @@ LAUNCHER_VARIABLES = [
     "OMPI_COMM_WORLD_LOCAL_SIZE",
     "TETHER_RUN_ID",
     "TETHER_METHOD",
+    "TETHER_SERVER_ADDR",
 ]
 
 
@@ -132,3 +133,11 @@ def test_first_host_of_a_node_list() -> None:
     assert first_host("n[3-5]") == "n3"
     assert first_host("host1,host2") == "host1"
     assert first_host("single") == "single"
+
+
+def test_where_a_parameter_server_listens(clean_env: pytest.MonkeyPatch) -> None:
+    assert server_wire_address(DistEnv.read()) == "127.0.0.1"  # a local run: loopback
+    clean_env.setenv("MASTER_ADDR", "10.0.0.1")  # rank 0's node under torchrun
+    assert server_wire_address(DistEnv.read()) == "10.0.0.1"
+    clean_env.setenv("TETHER_SERVER_ADDR", "10.0.1.7")  # the user's choice wins
+    assert server_wire_address(DistEnv.read()) == "10.0.1.7"

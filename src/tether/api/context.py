@@ -40,8 +40,8 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 class _ServeToTheEnd:
     """The server's hooks in a user's own loop: no evaluation, no early stop."""
 
-    def on_progress(self, global_step: int) -> bool:
-        del global_step
+    def on_progress(self, global_step: int, consistent: bool = True) -> bool:
+        del global_step, consistent
         return False
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:

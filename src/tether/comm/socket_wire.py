@@ -17,8 +17,9 @@ random session token; each worker opens one connection per channel and introduce
 any connection that does not introduce itself correctly (a wrong token, an unknown rank, a
 duplicate, silence), then closes the listener: nothing listens while the run trains.
 
-Sends never block the caller (like an ``isend``): each connection has a writer thread that writes
-whole messages in posting order, so a worker that stops reading stalls only its own connection.
+A send's bytes are written by the thread that waits for it (one message at a time per
+connection); the server waits for its replies on one thread per worker
+(:mod:`tether.methods.reply_lines`), so a worker that stops reading stalls only its own line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import contextlib
 import datetime
 import errno
 import hmac
-import os
 import secrets
 import select
 import selectors
@@ -109,42 +109,40 @@ class _Connection:
         deadline = _Deadline(timeout_s)
         with self._write_lock:
             for view in views:
-                sent = 0
-                while sent < len(view):
-                    if not deadline.wait(self._writable):
-                        raise TimeoutError(
-                            f"{self._describe()} read nothing for {timeout_s} s "
-                            f"({sent} of {len(view)} bytes of a message sent)"
-                        )
-                    try:
-                        sent += self.sock.send(view[sent:])
-                    except BlockingIOError:
-                        continue
-                    except OSError as exc:
-                        raise WireClosed(
-                            f"the connection to {self._describe()} failed: {exc}"
-                        ) from exc
+                self._transfer(view, self.sock.send, self._writable, deadline, "read nothing")
 
     def read_into(self, view: memoryview, timeout_s: float | None) -> None:
         """Fill ``view`` exactly; raise :class:`WireClosed` at end of stream, ``TimeoutError``
         when ``timeout_s`` passes first."""
         deadline = _Deadline(timeout_s)
-        got = 0
-        while got < len(view):
-            if not deadline.wait(self._readable):
+        self._transfer(view, self.sock.recv_into, self._readable, deadline, "sent nothing")
+
+    def _transfer(
+        self,
+        view: memoryview,
+        move: Callable[[memoryview], int],
+        ready: select.poll,
+        deadline: _Deadline,
+        idle: str,
+    ) -> None:
+        """Move all of ``view`` with ``move`` (send or receive: the bytes moved, 0 at the end of
+        the stream), waiting until ``ready`` says the socket can move some."""
+        done = 0
+        while done < len(view):
+            if not deadline.wait(ready):
                 raise TimeoutError(
-                    f"{self._describe()} sent nothing for {timeout_s} s "
-                    f"({got} of {len(view)} bytes of a message)"
+                    f"{self._describe()} {idle} for {deadline.timeout_s} s "
+                    f"({done} of {len(view)} bytes of a message)"
                 )
             try:
-                n = self.sock.recv_into(view[got:])
+                moved = move(view[done:])
             except BlockingIOError:
                 continue
             except OSError as exc:
                 raise WireClosed(f"the connection to {self._describe()} failed: {exc}") from exc
-            if n == 0:
+            if moved == 0:
                 raise WireClosed(f"{self._describe()} closed its connection")
-            got += n
+            done += moved
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # already closed by the peer
@@ -156,6 +154,7 @@ class _Deadline:
     """``timeout_s`` from now (None, or longer than a day: no deadline)."""
 
     def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
         bounded = timeout_s is not None and timeout_s < _FOREVER_S
         self._at = time.monotonic() + timeout_s if bounded and timeout_s is not None else None
 
@@ -239,34 +238,23 @@ class SocketWire(MessageProtocol):
             tensor.copy_(staging)
         return src
 
-    def close(self) -> None:
-        """Close every connection (peers see the end of their streams)."""
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
-
-
-def wire_host() -> str:
-    """Where the server listens: the rendezvous address every rank already reaches rank 0's
-    node on (MASTER_ADDR: 127.0.0.1 for a local run), or ``TETHER_SERVER_ADDR`` if set."""
-    return os.environ.get("TETHER_SERVER_ADDR") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-
 
 def open_socket_wire(
     broadcast: Callable[[torch.Tensor, int], object],
     rank: int,
     world_size: int,
     timeout_s: float,
-    host: str | None = None,
+    host: str,
     channels: Sequence[int] = CHANNELS,
 ) -> SocketWire:
     """Connect rank 0 to every other rank, once per channel. Collective: every rank of the group
-    calls it; ``broadcast(tensor, src)`` is the group's broadcast (used once, for the address)."""
+    calls it; ``broadcast(tensor, src)`` is the group's broadcast (used once, for the address);
+    rank 0 listens on ``host`` (the others learn it from the broadcast)."""
     address = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
     listener = None
     token = b""
     if rank == SERVER:
-        listener, token = _listen(host or wire_host(), world_size)
+        listener, token = _listen(host, world_size)
         name = listener.getsockname()[0].encode()
         port = listener.getsockname()[1]
         packed = token + struct.pack(">HB", port, len(name)) + name

@@ -179,3 +179,10 @@ def pin_loopback_if_local(env: DistEnv) -> None:
     local = env.local_world_size == env.world_size
     if local and env.master_addr in ("127.0.0.1", "localhost", "::1"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def server_wire_address(env: DistEnv) -> str:
+    """Where a parameter server listens for its workers' connections
+    (:mod:`tether.comm.socket_wire`): ``TETHER_SERVER_ADDR`` if set, else the rendezvous address
+    (rank 0's node under torchrun and our launcher; 127.0.0.1 for a local run)."""
+    return os.environ.get("TETHER_SERVER_ADDR") or env.master_addr

@@ -73,14 +73,27 @@ class ElasticServerMethod(ServerMethod):
         def move_center(msg) -> None:  # after the reply: the worker got the c that made d
             center.add_(msg.payload, alpha=self.alpha)
 
-        rounds = self.serve_loop(hooks, arrivals, difference, move_center)
+        def round_end(msg) -> bool:  # round-robin: the last active worker of the rotation
+            return msg.header.sender == max(server.state.active)
+
+        ends = round_end if self.round_robin else None
+        rounds = self.serve_loop(hooks, arrivals, difference, move_center, ends)
         return self.result(rounds=rounds, alpha=self.alpha, tau=self.tau)
+
+    def shard_after(self, step: int) -> bool:
+        # Under round-robin every worker exchanges at the same local steps, and the round that
+        # ends there leaves the server at global step ``step``: the points it checkpoints at.
+        return self.per_rank_state and self.round_robin and step % self.tau == 0
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        # Written by the server (rank 0): the center is the model; workers restart from it with
+        # The server's (checkpoint.pt): the center is the model; workers restart from it with
         # fresh local optimizers, which also lets a run resume with a different worker count.
+        # A worker's own shard (per_rank_state: original-easgd) keeps its local optimizer.
+        if self.per_rank_state and not self.is_server:
+            return super().state_dict()
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        if state.get("own_replica", False):  # a worker's own shard: its replica and optimizer
+            super().load_state_dict(state)

@@ -9,9 +9,9 @@ Rank 0 creates two files in ``/dev/shm`` (:mod:`tether.methods.shared_memory`): 
     board[P + i]    elastic exchanges of worker i (hogwild-easgd)
     board[2P]       the stop flag                 (written only by the server)
 
-and a float64 *loss board* (``losses[2i]`` the sum of worker i's training losses, ``losses[2i+1]``
-their count), from which the server logs each worker's loss. Every slot has a single writer, so
-the boards need no lock either. Start-up: the server creates
+and a float64 *loss board* (:mod:`tether.methods.loss_board`: per worker the sum of its training
+losses, their count and a sequence number), from which the server logs each worker's loss.
+Every slot has a single writer, so the boards need no lock either. Start-up: the server creates
 and fills the files, sends each worker a random token that names them (one message on a setup
 channel, before the ordinary handshake), then runs the handshake. A worker maps the files before
 it says hello, so when the handshake is over every process holds its mappings and the server
@@ -41,6 +41,7 @@ from tether.comm.header import MAX_STEP, MessageKind
 from tether.errors import TetherError
 from tether.methods.base import MethodContext
 from tether.methods.flat import flatten_parameters
+from tether.methods.loss_board import LossBoard
 from tether.methods.ps_method import ServerHooks, ServerMethod
 from tether.methods.shared_memory import SharedFiles
 
@@ -94,7 +95,7 @@ class HogwildMethod(ServerMethod):
         self.board: torch.Tensor | None = None  # None until start, or without shared memory
         # Per worker (sum of losses, count): shared (the workers add to it), or the server's own
         # (filled by its threads from the message headers); None on a worker without one.
-        self.losses: torch.Tensor | None = None
+        self.losses: LossBoard | None = None
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
         self.stopping = False
 
@@ -129,7 +130,9 @@ class HogwildMethod(ServerMethod):
             shared = files.attach(self.shared_name, numel, dtype)
             self.board = files.attach("board", words, torch.int64)
             self.board[self.worker_index()] = step
-            self.losses = files.attach("losses", 2 * self.workers, torch.float64)
+            self.losses = LossBoard(
+                files.attach("losses", LossBoard.size(self.workers), torch.float64)
+            )
             self.initial = self.link.handshake()
             return shared
         token[0] = secrets.randbits(63)
@@ -139,8 +142,9 @@ class HogwildMethod(ServerMethod):
             shared.copy_(self.flat)
             self.board = files.create("board", words, torch.int64)
             self.board[: self.workers] = step  # workers resume together at the same step
-            self.losses = files.create("losses", 2 * self.workers, torch.float64)
-            self.losses.zero_()
+            losses = files.create("losses", LossBoard.size(self.workers), torch.float64)
+            losses.zero_()
+            self.losses = LossBoard(losses)
             for rank in self.server.state.workers:
                 self.wire.send_message(token, rank, MessageKind.HELLO, channel=SETUP_CHANNEL)
             # The handshake sends the private copy: a worker that already steps on the shared
@@ -162,14 +166,11 @@ class HogwildMethod(ServerMethod):
                 self.advance_schedule(sum(self.board_steps()) // self.workers)
 
     def note_loss(self, loss: float) -> None:
-        """On the loss board where there is one (the sum first, then the count: the server reads
-        the counts first, so a sum it reads is never older than the count)."""
+        """On the loss board where there is one."""
         if self.losses is None:
             super().note_loss(loss)  # reported with the next message
             return
-        i = 2 * self.worker_index()
-        self.losses[i] += loss
-        self.losses[i + 1] += 1
+        self.losses.add(self.worker_index(), loss, 1)
 
     @property
     def stop_requested(self) -> bool:
@@ -188,7 +189,7 @@ class HogwildMethod(ServerMethod):
         state = self.server.state
         reported = -1
         stillness = Stillness(self.config.timeout_s)
-        logged = torch.zeros(2 * self.workers, dtype=torch.float64)
+        logged = [(0.0, 0)] * self.workers  # what was reported of each worker: (sum, count)
         while True:
             done = not state.active  # read before the steps: the final counts get published
             state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
@@ -210,18 +211,20 @@ class HogwildMethod(ServerMethod):
                     "with the same --method"
                 )
 
-    def _log_losses(self, hooks: ServerHooks, logged: torch.Tensor) -> None:
-        """Report each worker's mean loss since the last report (``logged``: what was reported)."""
+    def _log_losses(self, hooks: ServerHooks, logged: list[tuple[float, int]]) -> None:
+        """Report each worker's mean loss since the last report (``logged``: what was reported,
+        updated here)."""
         if self.losses is None:
             return
-        counts = self.losses[1::2].clone()  # counts first (see note_loss)
-        sums = self.losses[0::2].clone()
         for i, rank in enumerate(self.server.state.workers):
-            steps = int(counts[i] - logged[2 * i + 1])
+            pair = self.losses.read(i)
+            if pair is None:  # its worker kept writing: next time
+                continue
+            steps = pair[1] - logged[i][1]
             if steps > 0:
-                mean = float(sums[i] - logged[2 * i]) / steps
+                mean = (pair[0] - logged[i][0]) / steps
                 hooks.on_worker_loss(rank, self.server.state.local_steps[rank], mean, steps)
-        logged[0::2], logged[1::2] = sums, counts
+                logged[i] = pair
 
     def board_steps(self) -> list[int]:
         assert self.board is not None, "start() maps the board"

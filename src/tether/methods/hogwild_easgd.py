@@ -41,6 +41,7 @@ from tether.methods.default_rates import own_batch_rate
 from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import HogwildMethod, single_node
+from tether.methods.loss_board import LossBoard
 from tether.methods.ps_method import ServeResult, ServerHooks
 from tether.methods.reply_lines import LISTEN_TIMEOUT
 from tether.observe.metrics import PhaseTotals
@@ -88,7 +89,7 @@ class HogwildEASGD(HogwildMethod):
             super().start(step)  # the plain handshake: x_i starts at the server's c
             self._steps = [step] * self.workers
             if self.is_server:  # the threads fill it from the workers' headers
-                self.losses = torch.zeros(2 * self.workers, dtype=torch.float64)
+                self.losses = LossBoard(torch.zeros(LossBoard.size(self.workers)).double())
             return
         center = self.start_shared(step)
         if not self.is_server:
@@ -210,8 +211,8 @@ class HogwildEASGD(HogwildMethod):
                 self._steps[slot] = step
                 if msg.header.loss_steps:  # this slot's own words of the loss board
                     assert self.losses is not None
-                    self.losses[2 * slot] += msg.header.loss * msg.header.loss_steps
-                    self.losses[2 * slot + 1] += msg.header.loss_steps
+                    loss_sum = msg.header.loss * msg.header.loss_steps
+                    self.losses.add(slot, loss_sum, msg.header.loss_steps)
                 if msg.header.kind is MessageKind.STOP:
                     return
                 if self.stopping:

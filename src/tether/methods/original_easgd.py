@@ -3,7 +3,9 @@
 The baseline of You, Buluc, Demmel (SC17): the master exchanges with worker 1, then 2, ..., then P,
 then again; worker i+1's exchange cannot start before worker i's has finished, so one slow worker
 stalls all the others. A dead worker stalls the rotation, so this method fails fast instead of
-carrying on.
+carrying on. The fixed order makes a run deterministic: the server checkpoints only at the end
+of a round, where every worker has just applied its exchange and saves its own state too, so a
+resume with the same workers continues bitwise.
 """
 
 from __future__ import annotations
@@ -22,3 +24,6 @@ class OriginalEASGD(ElasticServerMethod):
     defaults = own_batch_rate(0.4)
     round_robin = True
     tolerates_worker_loss = False
+    # Deterministic, so a resume can be bitwise: every worker checkpoints its own replica and
+    # local optimizer at the round ends the server checkpoints at.
+    per_rank_state = True

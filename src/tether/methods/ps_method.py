@@ -29,8 +29,11 @@ from tether.observe.metrics import PhaseTotals
 
 
 class ServerHooks(Protocol):
-    def on_progress(self, global_step: int) -> bool:
-        """Called by the server after each update; returns True when the run should stop."""
+    def on_progress(self, global_step: int, consistent: bool = True) -> bool:
+        """Called by the server after each update; returns True when the run should stop.
+        ``consistent``: every worker's state belongs to this point (not mid-round under
+        round-robin, where the workers keep their own state): checkpoints are taken only there.
+        """
         ...
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
@@ -46,6 +49,11 @@ class ServeResult:
     extra: dict[str, Any] = field(default_factory=dict)  # method counters for summary.json
     # The final step of each worker that said goodbye (the lost ones are not in it).
     finished_steps: dict[int, int] = field(default_factory=dict)
+
+    def summary_extra(self) -> dict[str, Any]:
+        """The method's counters and the lost workers, for summary.json."""
+        lost = [{"rank": rank, "reason": why} for rank, why in self.lost_workers.items()]
+        return {**self.extra, "lost_workers": lost}
 
     def check_complete(self, total_steps: int, stopped_at_target: bool) -> None:
         """Fail a run that did not do its work (its results are written first, by the caller):
@@ -92,6 +100,13 @@ class ServerMethod(TrainingMethod):
         # injection: see WorkerEndpoint.on_sent).
         self.on_sent: Callable[[int], None] | None = None
 
+    def shard_after(self, step: int) -> bool:
+        """Whether this worker's state after its step ``step`` belongs to a point the server
+        may checkpoint at, for a method whose workers checkpoint their own state
+        (``per_rank_state``); the trainer saves the worker's shard there."""
+        del step
+        return False
+
     def max_step_jump(self) -> int:
         """How far a worker's step may move between two of its messages (tau steps; a header
         that goes back or jumps further is a broken or hostile peer, given up on)."""
@@ -108,6 +123,7 @@ class ServerMethod(TrainingMethod):
             self.transport.rank,
             self.transport.world_size,
             self.config.timeout_s,
+            self.context.placement.server_address,
         )
         if self.is_server:
             # A worker silent this long after the server's reply is hung: the run goes on
@@ -129,7 +145,9 @@ class ServerMethod(TrainingMethod):
         if self.is_server:
             self.server.handshake(self.flat, step)
         else:
-            self.flat.copy_(self.link.handshake())
+            initial = self.link.handshake()
+            if not self.own_replica_restored:  # a worker resumed from its shard keeps its own
+                self.flat.copy_(initial)
             self.advance_schedule(step)  # a resumed run continues its schedule
 
     def role(self) -> Role:
@@ -196,12 +214,15 @@ class ServerMethod(TrainingMethod):
         arrivals: Iterable[Message],
         before_reply: Callable[[Message], None],
         after_reply: Callable[[Message], None] | None = None,
+        round_end: Callable[[Message], bool] | None = None,
     ) -> int:
         """For each arrival: ``before_reply``, send the server's weights back, ``after_reply``,
         report progress; once the hooks ask to stop, answer every arrival with a stop.
 
         The split lets EASGD reply with the center *before* its elastic update (the worker needs
-        the same ``c`` the server used) without copying it. Returns the updates applied.
+        the same ``c`` the server used) without copying it. ``round_end(msg)``: whether ``msg``
+        ends a round (round-robin), the only points consistent for a checkpoint; None: every
+        point is. Returns the updates applied.
         """
         stopping = False
         updates = 0
@@ -220,5 +241,6 @@ class ServerMethod(TrainingMethod):
             if after_reply is not None:
                 after_reply(msg)
             updates += 1
-            stopping = hooks.on_progress(self.server.state.global_step())
+            consistent = round_end is None or round_end(msg)
+            stopping = hooks.on_progress(self.server.state.global_step(), consistent)
         return updates

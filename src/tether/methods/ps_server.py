@@ -47,8 +47,9 @@ DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
 HELLO_WORDS = 2  # numel, dtype code
 TOTALS_WORDS = 5  # PhaseTotals fields, float64
-# How long a dead worker's receiver may take to read what the worker sent before it died (its
-# data arrived before the end of its stream; reading it is local work).
+# How long the report of a dead worker waits for its receiver to read what the worker sent
+# before it died (its data arrived before the end of its stream: reading it is local work, once
+# serving has begun).
 DRAIN_S = 5.0
 
 
@@ -97,6 +98,7 @@ class ServerEndpoint:
         self.max_step_jump = max_step_jump
         self._events: queue.Queue = queue.Queue()
         self._receiving = False
+        self._receivers_started = threading.Event()  # set once every receiver thread runs
         # Per worker rank: its liveness watch, and (FCFS) its receiver.
         self._threads: dict[tuple[str, int], threading.Thread] = {}
         # Liveness of workers that are alive but silent (FCFS only): when each last sent to us
@@ -144,10 +146,13 @@ class ServerEndpoint:
             )
         except Exception as exc:  # the peer's connection closed: the worker died
             # Its data connection is another stream: what it sent there before dying is
-            # still to be read (its receiver thread reads up to the end of that stream too).
+            # still to be read, by its receiver thread (which reads up to the end of that
+            # stream), once serving has started them.
+            deadline = time.monotonic() + DRAIN_S
+            self._receivers_started.wait(DRAIN_S)
             receiver = self._threads.get(("receive", rank))
             if receiver is not None:
-                receiver.join(DRAIN_S)
+                receiver.join(max(0.0, deadline - time.monotonic()))
             self._events.put(WorkerLost(rank, str(exc).splitlines()[0][:200]))
 
     # -- arrivals --------------------------------------------------------------------------------
@@ -186,6 +191,7 @@ class ServerEndpoint:
                 thread = threading.Thread(target=self._receive_from, args=(rank,), daemon=True)
                 self._threads["receive", rank] = thread
                 thread.start()
+            self._receivers_started.set()
 
     def _next_event(self, timeout: float | None) -> Message | None:
         """The next data message, after book-keeping any goodbye, loss or protocol error;

@@ -40,9 +40,12 @@ class RunCheckpoints:
         self.identity = identity
         # Every rank keeps its own state where replicas differ (and under model parallelism,
         # where each rank holds other slices and their optimizer state); a server's workers
-        # restart from the server's state.
-        has_server = method.server_processes > 0
-        self.shards = (method.per_rank_state or grid is not None) and not has_server
+        # restart from the server's state, unless they keep their own (original-easgd).
+        self.shards = method.per_rank_state or grid is not None
+        # A server's workers save their shards on their own (save_own, where the method's
+        # shard_after says), at the points the server checkpoints: the server is serving, so
+        # there is no barrier; the server's own state is checkpoint.pt itself.
+        self.served = method.server_processes > 0
         self.is_writer = world.rank == 0
 
     @property
@@ -58,9 +61,8 @@ class RunCheckpoints:
         # checkpoint.pt holds the unsharded model: under model parallelism the slices are
         # gathered (collective: every rank is here, as every rank keeps a shard).
         model_state = whole_tensors(self.method.model, own_model) if self.grid else own_model
-        if self.shards:
-            own = {"model": own_model, "method": self.method.state_dict()}
-            save_shard(self.run_dir, self.world.rank, {"step": step, **own})
+        if self.shards and not self.served:
+            self.save_own(step)
             self.world.barrier()  # every shard on disk before rank 0's checkpoint names them
         if not self.is_writer:
             return
@@ -75,15 +77,21 @@ class RunCheckpoints:
         }
         save_checkpoint(self.run_dir, state)
 
+    def save_own(self, step: int) -> None:
+        """This rank's shard: its replica and the method's state (its optimizer's)."""
+        own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+        save_shard(self.run_dir, self.world.rank, {"step": step, **own})
+
     def restore(self, state: dict[str, Any]) -> RunRecord:
         """Load the model and the method's state from a checkpoint (collective: every rank
         calls it); the run's record as it was."""
         step = int(state["step"])
         shard = None
         if state.get("shards") == self.world.world_size:  # same ranks: each its own state
-            shard = load_shard(self.run_dir, self.world.rank, step)
+            server = self.served and self.is_writer  # its state is checkpoint.pt
+            shard = None if server else load_shard(self.run_dir, self.world.rank, step)
             # All ranks or none: a rank without its shard makes every rank start from rank 0's.
-            every = torch.tensor([0 if shard is None else 1])
+            every = torch.tensor([1 if server or shard is not None else 0])
             self.world.all_reduce(every, op="min")
             shard = shard if bool(every.item()) else None
         if shard is None and self.grid is not None:

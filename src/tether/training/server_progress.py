@@ -82,8 +82,9 @@ class ServerProgress:
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("train/loss", loss, self.shown_step)
 
-    def on_progress(self, global_step: int) -> bool:
-        """After each update: progress bar, evaluation, checkpoints; True = stop."""
+    def on_progress(self, global_step: int, consistent: bool = True) -> bool:
+        """After each update: progress bar, evaluation, checkpoints (at consistent points
+        only); True = stop."""
         self.bar.update(max(0, global_step - self.shown_step))
         self.shown_step = max(self.shown_step, global_step)
         if global_step >= self.next_eval:
@@ -93,7 +94,8 @@ class ServerProgress:
             # Workers that never wait for the server (Hogwild) can pass several evaluation
             # points during one evaluation: evaluate once, at the newest step.
             self.next_eval = next_multiple(global_step, self.eval_every)
-        if self.next_checkpoint is not None and global_step >= self.next_checkpoint:
+        due = self.next_checkpoint is not None and global_step >= self.next_checkpoint
+        if due and consistent:
             self.checkpoint(global_step)
             self.next_checkpoint = next_multiple(global_step, self.config.checkpoint_every)
         return self.config.stop_at_target and self.record.time_to_target is not None

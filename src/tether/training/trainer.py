@@ -53,8 +53,9 @@ from tether.training.model_parallel import build_grid
 from tether.training.objective import Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
+from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
-from tether.training.server_progress import ServerProgress, evaluation_postfix
+from tether.training.server_progress import ServerProgress, next_multiple
 from tether.training.task import Task
 
 
@@ -145,6 +146,8 @@ class Trainer:
         self.record = RunRecord()
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
+        # The first step at which a server's worker keeping its own state saves it.
+        self.next_own_shard = next_multiple(self.record.start_step, config.checkpoint_every or 1)
         self._fix_metrics()
         self.method.start(self.record.start_step)
 
@@ -242,13 +245,8 @@ class Trainer:
         if self.record.history and self.record.history[-1]["step"] == last:
             self.record.history.pop()
         self._evaluate(last)
-        extra = {
-            **result.extra,
-            "lost_workers": [
-                {"rank": rank, "reason": reason} for rank, reason in result.lost_workers.items()
-            ],
-        }
-        self._write_results(last, result.totals, self.method.eval_model().state_dict(), extra)
+        model_state = self.method.eval_model().state_dict()
+        self._write_results(last, result.totals, model_state, result.summary_extra())
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         result.check_complete(self.total_steps, stopped_at_target)
 
@@ -267,6 +265,7 @@ class Trainer:
         bar = progress_bar(
             self.total_steps, config.progress and self.is_writer, initial=self.record.start_step
         )
+        log = StepLog(self.metrics, self.tensorboard, bar, self.workers, self.target)
         k = config.accumulate
         step = self.record.start_step
         batches = self.batches.iterate(step * k, self.total_steps * k)
@@ -304,34 +303,17 @@ class Trainer:
                         times.comm_spans,
                     )
                 self.totals.add(data_s, times.compute_s, times.comm_s, samples)
-                loss_value = sum(float(v) for v in losses if v is not None) / max(len(losses), 1)
-                step_s = data_s + times.compute_s + times.comm_s
-                self.metrics.write(
-                    {
-                        "step": step,
-                        "loss": loss_value,
-                        "data_s": data_s,
-                        "compute_s": times.compute_s,
-                        "comm_s": times.comm_s,
-                        "time_s": self._training_clock(),  # at the step's end
-                    }
-                )
-                if self.tensorboard is not None:
-                    self.tensorboard.add_scalar("train/loss", loss_value, step)
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{loss_value:.3f}",
-                    samples_s=f"{samples * self.workers / max(step_s, 1e-9):.0f}",
-                    refresh=False,
-                )
+                log.step(step, losses, data_s, times, samples, self._training_clock())
                 if self.method.stop_requested:
                     break
-                if self.has_server:
-                    continue  # the server evaluates and checkpoints
+                if self.has_server:  # the server evaluates and checkpoints
+                    method = self.method
+                    shard = isinstance(method, ServerMethod) and method.shard_after(step)
+                    if shard and config.checkpoint_every:
+                        self._save_own_shard(step)
+                    continue
                 if step % self.eval_every == 0 or step == self.total_steps:
-                    result = self._evaluate(step)
-                    postfix = evaluation_postfix(self.target, result)
-                    bar.set_postfix(loss=f"{loss_value:.3f}", **postfix)
+                    log.evaluated(self._evaluate(step))
                     if config.stop_at_target and self.record.time_to_target is not None:
                         break
                 if config.checkpoint_every and step % config.checkpoint_every == 0:
@@ -367,7 +349,8 @@ class Trainer:
         model = self.method.eval_model()
         result: dict[str, float] = {}
         if self.task.eval_data is not None:
-            rank, world = (0, 1) if self.has_server else self._rank_world()
+            transport = self.transport
+            rank, world = (0, 1) if self.has_server else (transport.rank, transport.world_size)
             result = self.evaluator.evaluate(
                 model,
                 eval_batches(
@@ -391,24 +374,8 @@ class Trainer:
             "epoch": step / self.steps_per_epoch,
             **{f"test_{name}": value for name, value in result.items()},
         }
-        self.record.history.append(entry)
-        self.metrics.write({"event": "eval", **entry})
-        self.metrics.flush()
-        if self.tensorboard is not None:
-            for name, value in result.items():
-                self.tensorboard.add_scalar(f"test/{name}", value, step)
-        target = self.target
-        if (
-            target is not None
-            and self.record.time_to_target is None
-            and target.metric in result
-            and target.reached(result[target.metric])
-        ):
-            self.record.time_to_target = entry["time_s"]
+        record_evaluation(self.record, self.metrics, self.tensorboard, self.target, entry, result)
         return result
-
-    def _rank_world(self) -> tuple[int, int]:
-        return self.transport.rank, self.transport.world_size
 
     def _model_state(self, model: nn.Module) -> dict[str, Any]:
         """The model's state_dict; under model parallelism the unsharded model's, gathered
@@ -419,6 +386,13 @@ class Trainer:
         if self.checkpoints.takes_part:
             with self.timeline.span("checkpoint", "checkpoint", step=step):
                 self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
+
+    def _save_own_shard(self, step: int) -> None:
+        """A server's worker that keeps its own state saves it at the points the server
+        checkpoints at (the first consistent point at or after each multiple, as the server)."""
+        if step >= self.next_own_shard:
+            self.checkpoints.save_own(step)
+            self.next_own_shard = next_multiple(step, self.config.checkpoint_every or 1)
 
     def _write_results(
         self,
