@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -57,9 +56,13 @@ def _round_trips(wire: MessageProtocol, n: int, exchanges: int) -> list[float]:
 def _run(rank: int, world: int, repeats: int, exchanges: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     gloo = TorchTransport()
+
+    def gloo_scatter(tensor: torch.Tensor, parts: list[torch.Tensor] | None) -> None:
+        gloo.scatter(tensor, parts, 0)
+
     wires: dict[str, MessageProtocol] = {
         "gloo": gloo,
-        "socket": open_socket_wire(lambda t, s: dist.broadcast(t, s), rank, world, 30.0, LOOPBACK),
+        "socket": open_socket_wire(gloo_scatter, rank, world, 30.0, LOOPBACK),
     }
     medians: dict[str, dict[int, list[float]]] = {name: {n: [] for n in SIZES} for name in wires}
     for _ in range(repeats):

@@ -3,8 +3,8 @@ on the socket wire the server methods use): a broken or hostile worker is given 
 server process survives, and a healthy worker is served to its end.
 
 Rank 0 serves, rank 1 is a healthy worker doing 20 exchanges (before its own connections it
-tries the set-up with a wrong token, with garbage and with a silent connection, and after the
-set-up it finds nothing listening), ranks 2.. each forge one message after a proper handshake.
+tries the set-up with a wrong token, with garbage, with a silent connection and with its own
+token for rank 2's place, and after the set-up it finds nothing listening), ranks 2.. each forge one message after a proper handshake.
 Four of the forgeries (a long header, a 64 MB message in place of a header, a payload longer
 than its header, a payload of another dtype's byte count) aborted the server process on gloo's
 point-to-point; on the wire the server reads only what a header announced."""
@@ -80,24 +80,31 @@ def _forge(wire: SocketWire, rank: int, kind: str) -> None:
         _send_raw(wire, header(N, step=10**6), torch.ones(N))
 
 
-def _intrude(host: str, port: int) -> list[socket.socket]:
-    """Connections that must not take a worker's place: a wrong token, garbage, silence."""
+def _intrude(host: str, port: int, token: bytes) -> list[socket.socket]:
+    """Connections that must not take a worker's place: a wrong token, garbage, silence, and
+    this worker's own (valid) token offered for another worker's slot."""
+
+    def intro(rank: int, offered: bytes) -> bytes:
+        return b"TETHWIRE" + rank.to_bytes(8, "little") + bytes(8) + offered
+
     wrong = socket.create_connection((host, port))
-    wrong.sendall(b"TETHWIRE" + (1).to_bytes(8, "little") + bytes(8) + bytes(16))
+    wrong.sendall(intro(1, bytes(16)))
     garbage = socket.create_connection((host, port))
     garbage.sendall(bytes(range(40)))
     silent = socket.create_connection((host, port))
-    return [wrong, garbage, silent]
+    impostor = socket.create_connection((host, port))
+    impostor.sendall(intro(2, token))  # rank 1's token, rank 2's slot
+    return [wrong, garbage, silent, impostor]
 
 
 def _fuzz(rank: int, world: int) -> dict:
     params = torch.zeros(N)
 
-    def broadcast(tensor: torch.Tensor, src: int) -> None:
-        dist.broadcast(tensor, src)
+    def scatter(tensor: torch.Tensor, parts: list[torch.Tensor] | None) -> None:
+        dist.scatter(tensor, parts, src=0)
 
     if rank == 0:
-        wire = open_socket_wire(broadcast, 0, world, SETUP_S, server_wire_address(DistEnv.read()))
+        wire = open_socket_wire(scatter, 0, world, SETUP_S, server_wire_address(DistEnv.read()))
         server = ServerEndpoint(wire, params, silence_timeout_s=SILENCE_S, max_step_jump=1)
         server.handshake(params)
         received: dict[int, list[float]] = {}
@@ -109,9 +116,9 @@ def _fuzz(rank: int, world: int) -> dict:
         state = server.state
         return {"lost": dict(state.lost), "stopped": sorted(state.stopped), "got": received}
     address = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
-    broadcast(address, 0)
+    scatter(address, None)
     host, port, token = parse_address(address)
-    intruders = _intrude(host, port) if rank == 1 else []
+    intruders = _intrude(host, port, token) if rank == 1 else []
     connections = connect_to_server(host, port, rank, token, CHANNELS, SETUP_S)
     wire = SocketWire(rank, world, connections, SETUP_S)
     link = WorkerEndpoint(wire, params)
@@ -144,7 +151,7 @@ def test_forged_messages_cost_the_server_only_their_sender() -> None:
     assert results[1] == {
         "host": "127.0.0.1",
         "listening_after_setup": False,
-        "intruders_dropped": [True] * 3,
+        "intruders_dropped": [True] * 4,
     }
     assert server["stopped"] == [1]  # the healthy worker was served to its end...
     assert server["got"][1] == [float(N)] * EXCHANGES

@@ -55,6 +55,9 @@ class MessageProtocol:
     # header's length: the same protection against a payload longer than its header.
     payload_posts_whole_buffer: bool = False
 
+    def close(self) -> None:
+        """Release the transport's connections (a transport that owns none does nothing)."""
+
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> Any:
         """Post each (tensor, tag) to ``dst`` without blocking; returns a handle with ``wait()``
         that holds the tensors until the sends complete."""

@@ -11,15 +11,16 @@ stalls only its own connection, which the server's silence timeout gives up. A t
 connection closes nothing else, unlike gloo's, which closes every connection of the process.
 
 Setup is collective over the process group (its one use here): rank 0 listens on an ephemeral
-port of ``host`` (the rendezvous address: loopback for a local run) and broadcasts the port and a
-random session token; each worker opens one connection per channel and introduces itself with
-(magic, rank, channel, token). Rank 0 accepts until every worker's channels are connected, drops
-any connection that does not introduce itself correctly (a wrong token, an unknown rank, a
+port of ``host`` (the rendezvous address: loopback for a local run) and scatters the port and a
+random token per worker; each worker opens one connection per channel and introduces itself with
+(magic, rank, channel, its token). Rank 0 accepts until every worker's channels are connected,
+drops any connection that does not introduce itself correctly (a wrong token, an unknown rank, a
 duplicate, silence), then closes the listener: nothing listens while the run trains.
 
 A send's bytes are written by the thread that waits for it (one message at a time per
-connection); the server waits for its replies on one thread per worker
-(:mod:`tether.methods.reply_lines`), so a worker that stops reading stalls only its own line.
+connection): ``isend_message`` sends nothing until its ``wait()``. The server waits for its
+replies on one thread per worker (:mod:`tether.methods.reply_lines`), so a worker that stops
+reading stalls only its own line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ SERVER = 0
 CHANNELS = (0, 1, 2, 3)
 _INTRO = struct.Struct("<8sqq16s")  # magic, rank, channel, token
 _INTRO_MAGIC = b"TETHWIRE"
+# How long a new connection may take to introduce itself (a worker does it as it connects).
+INTRO_S = 10.0
 ADDRESS_BYTES = 128  # token (16), port (2), host length (1), host
 # A timeout this long is "wait for the peer as long as the run lasts": a plain blocking read
 # (poll's millisecond timeout would overflow).
@@ -203,6 +206,11 @@ class SocketWire(MessageProtocol):
         # played this part): a hung server then fails its workers instead of holding them.
         self.timeout_s = timeout_s
 
+    def close(self) -> None:
+        """Close every connection: a peer still reading sees the end of its stream."""
+        for connection in self._connections.values():
+            connection.close()
+
     def _connection(self, peer: int, tag: int) -> _Connection:
         channel = (tag - HEADER_TAG) // CHANNEL_STRIDE
         connection = self._connections.get((peer, channel))
@@ -240,7 +248,7 @@ class SocketWire(MessageProtocol):
 
 
 def open_socket_wire(
-    broadcast: Callable[[torch.Tensor, int], object],
+    scatter: Callable[[torch.Tensor, list[torch.Tensor] | None], object],
     rank: int,
     world_size: int,
     timeout_s: float,
@@ -248,50 +256,56 @@ def open_socket_wire(
     channels: Sequence[int] = CHANNELS,
 ) -> SocketWire:
     """Connect rank 0 to every other rank, once per channel. Collective: every rank of the group
-    calls it; ``broadcast(tensor, src)`` is the group's broadcast (used once, for the address);
-    rank 0 listens on ``host`` (the others learn it from the broadcast)."""
+    calls it; ``scatter(tensor, parts)`` is the group's scatter from rank 0 (``parts`` on rank 0,
+    None elsewhere), used once: each worker gets the address (rank 0 listens on ``host``) and a
+    token of its own, so that no worker can introduce itself as another."""
     address = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
     listener = None
-    token = b""
+    tokens: dict[int, bytes] = {}
+    parts = None
     if rank == SERVER:
-        listener, token = _listen(host, world_size)
+        listener = _listen(host, world_size)
         name = listener.getsockname()[0].encode()
         port = listener.getsockname()[1]
-        packed = token + struct.pack(">HB", port, len(name)) + name
-        address[: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
-    broadcast(address, SERVER)
+        tokens = {r: secrets.token_bytes(16) for r in range(1, world_size)}
+        parts = [torch.zeros(ADDRESS_BYTES, dtype=torch.uint8) for _ in range(world_size)]
+        for r, token in tokens.items():
+            packed = token + struct.pack(">HB", port, len(name)) + name
+            parts[r][: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+    scatter(address, parts)
     if rank != SERVER:
         server_host, port, token = parse_address(address)
         connections = connect_to_server(server_host, port, rank, token, channels, timeout_s)
         return SocketWire(rank, world_size, connections, timeout_s)
     assert listener is not None
     try:
-        connections = _accept_all(listener, token, world_size, channels, timeout_s)
+        connections = _accept_all(listener, tokens, world_size, channels, timeout_s)
     finally:
         listener.close()
     return SocketWire(rank, world_size, connections, timeout_s)
 
 
 def parse_address(address: torch.Tensor) -> tuple[str, int, bytes]:
-    """(host, port, token) from the set-up's broadcast."""
+    """(host, port, this worker's token) from the set-up's scatter."""
     raw = bytes(address.tolist())
     port, length = struct.unpack(">HB", raw[16:19])
     return raw[19 : 19 + length].decode(), port, raw[:16]
 
 
-def _listen(host: str, world_size: int) -> tuple[socket.socket, bytes]:
+def _listen(host: str, world_size: int) -> socket.socket:
+    backlog = max(16, 4 * world_size)
+    family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]  # IPv4 or IPv6
     try:
-        listener = socket.create_server((host, 0), backlog=max(16, 4 * world_size))
+        return socket.create_server((host, 0), family=family, backlog=backlog)
     except OSError as exc:
         if exc.errno != errno.EADDRNOTAVAIL:
             raise
-        # The rendezvous address is another machine's: listen on the address this machine
-        # reaches it from (a UDP "connect" only picks the route; nothing is sent).
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            local = probe.getsockname()[0]
-        listener = socket.create_server((local, 0), backlog=max(16, 4 * world_size))
-    return listener, secrets.token_bytes(16)
+    # The rendezvous address is another machine's: listen on the address this machine reaches
+    # it from (a UDP "connect" only picks the route; nothing is sent).
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        local = probe.getsockname()[0]
+    return socket.create_server((local, 0), family=family, backlog=backlog)
 
 
 def connect_to_server(
@@ -313,16 +327,17 @@ def connect_to_server(
 
 def _accept_all(
     listener: socket.socket,
-    token: bytes,
+    tokens: dict[int, bytes],
     world_size: int,
     channels: Sequence[int],
     timeout_s: float,
 ) -> dict[tuple[int, int], _Connection]:
     """Accept until every (worker, channel) is connected. One thread, non-blocking: a connection
-    that stays silent or lies holds up nobody and is dropped."""
+    that lies (a wrong token, an unknown or taken slot) is dropped at once, one that stays silent
+    after ``INTRO_S``, and when too many wait at once the oldest goes: none holds up a worker."""
     expected = {(r, c) for r in range(1, world_size) for c in channels}
     connections: dict[tuple[int, int], _Connection] = {}
-    pending: dict[socket.socket, bytearray] = {}
+    pending: dict[socket.socket, tuple[bytearray, float]] = {}  # intro so far, its deadline
     selector = selectors.DefaultSelector()
     listener.setblocking(False)
     selector.register(listener, selectors.EVENT_READ)
@@ -335,29 +350,34 @@ def _accept_all(
     deadline = time.monotonic() + timeout_s
     try:
         while len(connections) < len(expected):
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            for late in [s for s, (_, due) in pending.items() if due <= now]:
+                drop(late)  # silent for too long
+            left = deadline - now
             if left <= 0:
                 missing = sorted({r for r, c in expected if (r, c) not in connections})
                 raise TetherError(
                     f"worker rank(s) {', '.join(map(str, missing))} did not connect to the "
                     f"parameter server within {timeout_s:.0f} s"
                 )
-            for key, _ in selector.select(timeout=left):
+            wake = min([left] + [due - now for _, due in pending.values()])
+            for key, _ in selector.select(timeout=max(wake, 0.0)):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is listener:
+                    if len(pending) >= 2 * len(expected):  # a flood: the oldest waiter goes
+                        drop(min(pending, key=lambda s: pending[s][1]))
                     try:
                         accepted, _ = listener.accept()
-                    except BlockingIOError:
-                        continue
-                    if len(pending) >= 4 * len(expected):  # a flood: refuse the newcomer
-                        accepted.close()
+                    except OSError:  # gone before we took it, or out of descriptors for now
                         continue
                     accepted.setblocking(False)
-                    pending[accepted] = bytearray()
+                    pending[accepted] = (bytearray(), time.monotonic() + min(INTRO_S, timeout_s))
                     selector.register(accepted, selectors.EVENT_READ)
                     continue
-                buffer = pending[sock]
+                if sock not in pending:
+                    continue  # dropped above in this round
+                buffer = pending[sock][0]
                 try:
                     chunk = sock.recv(_INTRO.size - len(buffer))
                 except OSError:
@@ -370,7 +390,8 @@ def _accept_all(
                     continue
                 magic, peer, channel, offered = _INTRO.unpack(bytes(buffer))
                 known = (peer, channel) in expected and (peer, channel) not in connections
-                if magic != _INTRO_MAGIC or not known or not hmac.compare_digest(offered, token):
+                genuine = known and hmac.compare_digest(offered, tokens[peer])
+                if magic != _INTRO_MAGIC or not genuine:
                     drop(sock)
                     continue
                 selector.unregister(sock)

@@ -128,6 +128,10 @@ class TorchTransport(MessageProtocol):
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum") -> None:
         dist.reduce(tensor, op=_REDUCE_OPS[op], group=self.group, group_dst=dst)
 
+    def scatter(self, tensor: torch.Tensor, parts: list[torch.Tensor] | None, src: int) -> None:
+        """``tensor`` becomes this rank's part of ``parts`` (given on ``src`` only)."""
+        dist.scatter(tensor, parts if self.rank == src else None, group=self.group, group_src=src)
+
     def all_gather(self, tensor: torch.Tensor) -> None:
         """In-place all-gather of a flat contiguous tensor: rank r contributes chunk r of
         :func:`~tether.comm.chunks.chunk_bounds` and every rank ends with all of them.

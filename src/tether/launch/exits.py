@@ -46,9 +46,10 @@ def worker_exit_status(body: Callable[[], object]) -> int:
 def leave_interrupted() -> NoReturn:
     """End an interrupted worker now, with status 130, without the interpreter's teardown. The
     body has unwound (its ``finally`` blocks closed the logs; every file is written atomically),
-    but threads of the parameter-server methods may still be blocked in gloo receives, and the
-    process group's destructor running under them calls std::terminate: "terminate called
-    without an active exception", "Fatal Python error: Aborted" on the user's Ctrl-C."""
+    but background threads (a reducer's communication thread, a server's) may still be blocked
+    in gloo operations, and the process group's destructor running under them calls
+    std::terminate: "terminate called without an active exception", "Fatal Python error:
+    Aborted" on the user's Ctrl-C."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(128 + signal.SIGINT)

@@ -81,7 +81,6 @@ class HogwildEASGD(HogwildMethod):
         # Threaded server: one slot per worker, each written by that worker's thread only.
         self._steps = [0] * self.workers
         self._exchanges = [0] * self.workers
-        self._errors: list[TetherError] = []
         self._center_copy: nn.Module | None = None  # a worker's view of the center (eval_model)
 
     def start(self, step: int = 0) -> None:
@@ -182,8 +181,6 @@ class HogwildEASGD(HogwildMethod):
         )
 
     def _thread_steps(self) -> list[int]:
-        if self._errors:
-            raise self._errors[0]
         return list(self._steps)
 
     def _serve_worker(self, rank: int) -> None:
@@ -222,8 +219,8 @@ class HogwildEASGD(HogwildMethod):
                 self.move_center(d)
                 self._send(d, rank, MessageKind.DELTA)
                 self._exchanges[slot] += 1
-        except TetherError as exc:  # a malformed message: the main thread fails the run
-            self._errors.append(exc)
+        except TetherError as exc:  # a malformed message: a broken or hostile peer, given up
+            self.server.give_up(rank, f"protocol: {exc}")
         except Exception:
             return  # the worker's connection closed: its liveness watch reports the loss
 

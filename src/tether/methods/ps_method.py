@@ -117,9 +117,9 @@ class ServerMethod(TrainingMethod):
 
         The messages travel on their own connections, not on the process group's
         point-to-point (:mod:`tether.comm.socket_wire`: a peer must not be able to abort the
-        server); the group carries only the set-up's broadcast."""
+        server); the group carries only the set-up's scatter."""
         self.wire = open_socket_wire(
-            lambda tensor, src: self.transport.broadcast(tensor, src),
+            lambda tensor, parts: self.transport.scatter(tensor, parts, 0),
             self.transport.rank,
             self.transport.world_size,
             self.config.timeout_s,

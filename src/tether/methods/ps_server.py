@@ -158,9 +158,10 @@ class ServerEndpoint:
     # -- arrivals --------------------------------------------------------------------------------
     def _buffers(self) -> dict[MessageKind, torch.Tensor]:
         # A fresh buffer per arrival: the main thread may still be applying the previous one.
-        # Zeroed: a peer that sends fewer elements than its header announced leaves zeros, never
-        # the memory's old contents. One vector serves both kinds: one message arrives per call.
-        vector = torch.zeros_like(self.params)
+        # The wire fills exactly what a header announced, and a data message must announce the
+        # whole vector (_accept), so no old memory is ever read. One vector serves both kinds:
+        # one message arrives per call.
+        vector = torch.empty_like(self.params)
         return {
             MessageKind.PARAMS: vector,
             MessageKind.GRADIENT: vector,
@@ -298,13 +299,13 @@ class ServerEndpoint:
     def settle(self, timeout_s: float = 5.0) -> None:
         """Wait (up to ``timeout_s`` in all) for the threads that are about to end: the replies,
         receiver and watch of every worker that said goodbye, whose second STOP may still be in
-        flight. A process group destroyed under a thread inside a receive can abort the process
-        at exit. (A hung worker's threads never end; they are left as daemons.)"""
+        flight, then close the connections. (A hung worker's threads end with its connections.)"""
         deadline = time.monotonic() + timeout_s
         self.lines.drain(sorted(self.state.stopped), timeout_s)
         for (_, rank), thread in self._threads.items():
             if rank in self.state.stopped:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        self.transport.close()
 
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:

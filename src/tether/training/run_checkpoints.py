@@ -1,12 +1,15 @@
 """Checkpointing a running job and resuming it: rank 0's ``checkpoint.pt`` (the evaluated
 model, unsharded, the method's state, the run's record) and, where ranks hold different state,
-every rank's own shard first (written before rank 0's checkpoint names them, so a crash between
-the two leaves the previous checkpoint whole). A resume with the same ranks gives every rank its
-own shard back, all of them or none; otherwise every rank starts from rank 0's state (EASGD
-workers from the center)."""
+every rank's own shard (a barrier orders them before rank 0's checkpoint names them). A server's
+workers (original-easgd) write theirs as the round the server checkpoints at ends, with no
+barrier: a crash in that moment can leave shards of another step than checkpoint.pt. A resume
+with the same ranks gives every rank its own shard back, all of them or none (a shard of another
+step counts as missing, and rank 0 says so); otherwise every rank starts from rank 0's state
+(EASGD workers from the center): the run goes on, no longer bitwise."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,14 @@ class RunCheckpoints:
             every = torch.tensor([1 if server or shard is not None else 0])
             self.world.all_reduce(every, op="min")
             shard = shard if bool(every.item()) else None
+            if shard is None and self.is_writer and self.grid is None:
+                print(
+                    f"tether: warning: not every rank's checkpoint shard is at step {step} (a "
+                    "crash while they were written?): every rank resumes from checkpoint.pt "
+                    "(EASGD workers from the center), so the run will not match an "
+                    "uninterrupted one bitwise",
+                    file=sys.stderr,
+                )
         if shard is None and self.grid is not None:
             raise TetherError(
                 "a model-parallel run resumes from every rank's own checkpoint shard, with the "
