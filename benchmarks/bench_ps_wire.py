@@ -26,8 +26,8 @@ from matplotlib.figure import Figure
 from _common import machine, write_part_result
 from tether.comm.header import MessageKind
 from tether.comm.messages import MessageProtocol
-from tether.comm.socket_wire import open_socket_wire
 from tether.comm.transport import TorchTransport
+from tether.comm.wire_setup import open_socket_wire
 from tether.launch.spawn import run_spawned
 
 # Floats per message: LeNet-5 (61,706 parameters), then 1M and 4M (4 and 16 MB).

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from tether.comm.header import MessageHeader, MessageKind
-from tether.comm.socket_wire import (
+from tether.comm.socket_wire import SocketWire
+from tether.comm.wire_setup import (
     ADDRESS_BYTES,
     CHANNELS,
-    SocketWire,
     connect_to_server,
     open_socket_wire,
     parse_address,

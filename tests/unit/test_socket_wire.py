@@ -1,4 +1,4 @@
-"""The socket wire's pieces without a process group (tether.comm.socket_wire): its set-up keeps
+"""The socket wire's pieces without a process group (tether.comm.socket_wire, wire_setup): its set-up keeps
 out what is not a worker without keeping a worker out, and its connections read exactly, time out
 on their own and report a closed peer."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from tether.comm import socket_wire
-from tether.comm.socket_wire import WireClosed, _accept_all, _Connection, _listen, connect_to_server
+from tether.comm import wire_setup
+from tether.comm.socket_wire import WireClosed, WireConnection
+from tether.comm.wire_setup import _accept_all, _listen, connect_to_server
 
 TOKEN = bytes(range(16))
 
@@ -44,7 +45,7 @@ def test_a_flood_of_silent_connections_keeps_no_worker_out() -> None:
 def test_a_silent_connection_is_dropped_while_the_server_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(socket_wire, "INTRO_S", 0.3)
+    monkeypatch.setattr(wire_setup, "INTRO_S", 0.3)
     listener = _listen("127.0.0.1", 2)
     host, port = listener.getsockname()[:2]
     found: dict[str, Any] = {}
@@ -72,7 +73,7 @@ def test_connections_read_exactly_time_out_alone_and_see_a_closed_peer() -> None
     with socket.create_server(("127.0.0.1", 0)) as listener:  # a TCP pair over loopback
         a = socket.create_connection(listener.getsockname()[:2])
         b, _ = listener.accept()
-    here, there = _Connection(a, 1, 0), _Connection(b, 0, 0)
+    here, there = WireConnection(a, 1, 0), WireConnection(b, 0, 0)
     there.write([memoryview(bytes(range(10)))], 5.0)
     first = bytearray(4)
     here.read_into(memoryview(first), 5.0)  # exactly 4 bytes of the 10

@@ -183,6 +183,6 @@ def pin_loopback_if_local(env: DistEnv) -> None:
 
 def server_wire_address(env: DistEnv) -> str:
     """Where a parameter server listens for its workers' connections
-    (:mod:`tether.comm.socket_wire`): ``TETHER_SERVER_ADDR`` if set, else the rendezvous address
+    (:mod:`tether.comm.wire_setup`): ``TETHER_SERVER_ADDR`` if set, else the rendezvous address
     (rank 0's node under torchrun and our launcher; 127.0.0.1 for a local run)."""
     return os.environ.get("TETHER_SERVER_ADDR") or env.master_addr

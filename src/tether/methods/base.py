@@ -89,7 +89,7 @@ class Placement:
     # How the node's cores are split among its ranks (summary.json's ``partition``:
     # tether.launch.partition.Partition.summary); None where nobody planned it.
     partition: dict[str, Any] | None = None
-    # Where a parameter server listens for its workers' connections (tether.comm.socket_wire).
+    # Where a parameter server listens for its workers' connections (tether.comm.wire_setup).
     server_address: str = "127.0.0.1"
 
     def ranks_on_node(self, world_size: int) -> int:

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from tether.comm.header import MessageKind
-from tether.comm.socket_wire import SocketWire, open_socket_wire
+from tether.comm.socket_wire import SocketWire
 from tether.comm.transport import Message
+from tether.comm.wire_setup import open_socket_wire
 from tether.errors import WorkerFailure
 from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters

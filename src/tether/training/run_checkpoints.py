@@ -22,6 +22,7 @@ from tether.methods import TrainingMethod
 from tether.parallel import ProcessGrid, whole_tensors
 from tether.training.checkpoint import load_shard, save_checkpoint, save_shard
 from tether.training.run_record import RunRecord
+from tether.training.server_progress import next_multiple
 
 
 class RunCheckpoints:
@@ -35,6 +36,7 @@ class RunCheckpoints:
         method: TrainingMethod,
         grid: ProcessGrid | None,
         identity: dict[str, Any],
+        every: int | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.world = world
@@ -50,6 +52,9 @@ class RunCheckpoints:
         # there is no barrier; the server's own state is checkpoint.pt itself.
         self.served = method.server_processes > 0
         self.is_writer = world.rank == 0
+        self.every = every  # checkpoint_every (None: no checkpoints)
+        # The first step at which such a worker saves its shard (moved on by a resume).
+        self.next_own = next_multiple(0, every) if every else 0
 
     @property
     def takes_part(self) -> bool:
@@ -85,10 +90,20 @@ class RunCheckpoints:
         own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
+    def save_own_when_due(self, step: int) -> None:
+        """A server's worker keeping its own state, after a step the method calls consistent
+        (``shard_after``): its shard at the first such step at or after each checkpoint
+        multiple, which is where the server checkpoints (ServerProgress, at round ends)."""
+        if self.every and step >= self.next_own:
+            self.save_own(step)
+            self.next_own = next_multiple(step, self.every)
+
     def restore(self, state: dict[str, Any]) -> RunRecord:
         """Load the model and the method's state from a checkpoint (collective: every rank
         calls it); the run's record as it was."""
         step = int(state["step"])
+        if self.every:
+            self.next_own = next_multiple(step, self.every)
         shard = None
         if state.get("shards") == self.world.world_size:  # same ranks: each its own state
             server = self.served and self.is_writer  # its state is checkpoint.pt

@@ -55,7 +55,7 @@ from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
-from tether.training.server_progress import ServerProgress, next_multiple
+from tether.training.server_progress import ServerProgress
 from tether.training.task import Task
 
 
@@ -141,13 +141,11 @@ class Trainer:
             "model_parallel": config.model_parallel,
         }
         self.checkpoints = RunCheckpoints(
-            self.run_dir, self.world, self.method, self.grid, identity
+            self.run_dir, self.world, self.method, self.grid, identity, config.checkpoint_every
         )
         self.record = RunRecord()
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
-        # The first step at which a server's worker keeping its own state saves it.
-        self.next_own_shard = next_multiple(self.record.start_step, config.checkpoint_every or 1)
         self._fix_metrics()
         self.method.start(self.record.start_step)
 
@@ -308,9 +306,8 @@ class Trainer:
                     break
                 if self.has_server:  # the server evaluates and checkpoints
                     method = self.method
-                    shard = isinstance(method, ServerMethod) and method.shard_after(step)
-                    if shard and config.checkpoint_every:
-                        self._save_own_shard(step)
+                    if isinstance(method, ServerMethod) and method.shard_after(step):
+                        self.checkpoints.save_own_when_due(step)
                     continue
                 if step % self.eval_every == 0 or step == self.total_steps:
                     log.evaluated(self._evaluate(step))
@@ -386,13 +383,6 @@ class Trainer:
         if self.checkpoints.takes_part:
             with self.timeline.span("checkpoint", "checkpoint", step=step):
                 self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
-
-    def _save_own_shard(self, step: int) -> None:
-        """A server's worker that keeps its own state saves it at the points the server
-        checkpoints at (the first consistent point at or after each multiple, as the server)."""
-        if step >= self.next_own_shard:
-            self.checkpoints.save_own(step)
-            self.next_own_shard = next_multiple(step, self.config.checkpoint_every or 1)
 
     def _write_results(
         self,
