@@ -186,3 +186,23 @@ def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None
         proc.kill()
     assert not (tmp_path / "lost").exists()
     assert processes_mentioning(str(marker)) == []
+
+
+def test_supervisor_kills_a_worker_the_finished_server_gave_up_at_once(tmp_path: Path) -> None:
+    # The server finished and its summary names rank 2 as given up (hung or stopped): nothing
+    # waits for it, so its supervisor kills it at the next poll instead of GRACE_S later.
+    from tether.launch.lost import SERVER_FINISHED
+    from tether.launch.supervise import GRACE_S
+
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "lost" / SERVER_FINISHED).touch()
+    summary = {"lost_workers": [{"rank": 2, "reason": "sent nothing for 5.0 s"}]}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    started = time.monotonic()
+    proc = _supervise(tmp_path, 2, "import time; time.sleep(60)")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "lost" / "rank-2.json").read_text())
+    assert record["reason"] == "killed: given up by the server, still running when it finished"
+    assert record["overstayed"] and record["exit"] == "killed by SIGKILL"
+    assert took < GRACE_S - 1, took

@@ -83,6 +83,18 @@ def read_lost_records(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: int(r.get("rank", -1)))
 
 
+def given_up_by_server(lost_dir: Path, rank: int) -> bool:
+    """Whether the finished server's ``summary.json`` (beside ``lost_dir``, in the run directory)
+    names ``rank`` among the workers it gave up on: such a worker is hung or stopped, and
+    nothing waits for it any more, so it need not be given the grace a finishing worker gets."""
+    try:
+        summary = json.loads((lost_dir.parent / "summary.json").read_text())
+        lost = summary.get("lost_workers") or []
+        return any(int(entry.get("rank", -1)) == rank for entry in lost)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
 def merge_into_summary(summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
     """Add how and when each lost process ended to the server's ``lost_workers``."""
     entries = {int(e["rank"]): dict(e) for e in summary.get("lost_workers") or []}

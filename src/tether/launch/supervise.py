@@ -10,9 +10,10 @@ others running. Any other failure is passed on with the child's exit status, and
 
 When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
 ``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
-does not wait for it forever. Stop signals from the agent are forwarded to the child; the child
-gets SIGKILL if the supervisor dies, and the supervisor SIGTERM if the agent dies (Linux), so no
-worker outlives its launcher.
+does not wait for it forever. A worker the server's ``summary.json`` names as given up is killed
+at once: it is hung or stopped, and the run would only wait for it. Stop signals from the agent
+are forwarded to the child; the child gets SIGKILL if the supervisor dies, and the supervisor
+SIGTERM if the agent dies (Linux), so no worker outlives its launcher.
 
 Every local run's workers (synchronous methods too) run under it, for the way a run stops: the
 agent's SIGTERM cannot stop a process that is itself stopped (SIGSTOP) or blocked in a
@@ -41,7 +42,13 @@ from pathlib import Path
 from types import FrameType
 
 from tether.launch.env import DistEnv, elastic_error_file
-from tether.launch.lost import SERVER_FINISHED, lost_record, read_error_file, write_lost_record
+from tether.launch.lost import (
+    SERVER_FINISHED,
+    given_up_by_server,
+    lost_record,
+    read_error_file,
+    write_lost_record,
+)
 
 SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
@@ -158,9 +165,7 @@ class Supervisor:
             record = lost_record(self.rank, returncode, error)
             if overstayed:
                 record["overstayed"] = True
-                record["reason"] = (
-                    f"killed: still running {GRACE_S:.0f} s after the server finished"
-                )
+                record["reason"] = f"killed: {overstayed}"
             path = write_lost_record(self.lost_dir, record)
             after = "" if overstayed else "; the run carries on without it"
             print(
@@ -178,26 +183,29 @@ class Supervisor:
             return 128 - returncode
         return returncode
 
-    def _wait(self, child: subprocess.Popen[bytes]) -> tuple[int, bool]:
-        """The child's exit status, and whether we killed it for outliving the server: the
-        server has given up on it (or it hangs on its way out), and the agent would otherwise
-        wait for it forever."""
+    def _wait(self, child: subprocess.Popen[bytes]) -> tuple[int, str]:
+        """The child's exit status, and why we killed it for outliving the server ("" if we did
+        not): the server has given up on it (or it hangs on its way out), and the agent would
+        otherwise wait for it forever."""
         finished_at: float | None = None
+        grace, why = GRACE_S, f"still running {GRACE_S:.0f} s after the server finished"
         while True:
             try:
-                return child.wait(timeout=POLL_S), False
+                return child.wait(timeout=POLL_S), ""
             except subprocess.TimeoutExpired:
                 pass
             if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                 child.kill()  # it did not end after the stop signal: stopped, or blocked
-                return child.wait(), False
+                return child.wait(), ""
             if self.lost_dir is None or not self.tolerated:
                 continue
             if finished_at is None and (self.lost_dir / SERVER_FINISHED).exists():
                 finished_at = time.monotonic()
-            if finished_at is not None and time.monotonic() - finished_at > GRACE_S:
+                if given_up_by_server(self.lost_dir, self.rank):
+                    grace, why = 0.0, "given up by the server, still running when it finished"
+            if finished_at is not None and time.monotonic() - finished_at >= grace:
                 child.kill()
-                return child.wait(), self.stop_signal is None
+                return child.wait(), why if self.stop_signal is None else ""
 
 
 def main(argv: list[str] | None = None) -> int:
