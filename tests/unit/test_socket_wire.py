@@ -89,3 +89,26 @@ def test_connections_read_exactly_time_out_alone_and_see_a_closed_peer() -> None
     with pytest.raises(WireClosed, match="closed its connection"):
         here.read_into(memoryview(bytearray(1 << 20)), 5.0)
     here.close()
+
+
+def test_a_worker_closing_after_its_goodbye_ends_the_stream_without_a_reset() -> None:
+    # A worker closes its end after its goodbye, with bytes from the server it never read:
+    # the server still reads the whole goodbye, then the end of the stream, not a reset (a
+    # plain close with unread bytes, which is what the worker's exit did before it closed its
+    # own end, resets the connection), and the worker keeps no socket.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname()[:2])
+        b, _ = listener.accept()
+    worker, server = WireConnection(a, 0, 1), WireConnection(b, 1, 1)
+    server.write([memoryview(b"unread")], 5.0)
+    goodbye = bytes(range(64))
+    worker.write([memoryview(goodbye)], 5.0)
+    threading.Event().wait(0.1)  # the unread bytes have arrived at the worker
+    worker.close_after_sending()
+    assert a.fileno() == -1
+    received = bytearray(len(goodbye))
+    server.read_into(memoryview(received), 5.0)
+    assert bytes(received) == goodbye
+    with pytest.raises(WireClosed, match="closed its connection"):
+        server.read_into(memoryview(bytearray(1)), 5.0)
+    server.close()

@@ -133,6 +133,16 @@ class WireConnection:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread waiting on it
         self.sock.close()
 
+    def close_after_sending(self) -> None:
+        """This end has said all it will: the peer reads every byte already written, then the
+        end of the stream. What the peer sent that nobody read is dropped first: closing a
+        socket with unread bytes resets the connection instead of ending it."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+            while self.sock.recv(1 << 16):
+                pass
+        self.sock.close()
+
 
 class _Deadline:
     """``timeout_s`` from now (None, or longer than a day: no deadline)."""
@@ -191,6 +201,13 @@ class SocketWire(MessageProtocol):
         """Close every connection: a peer still reading sees the end of its stream."""
         for connection in self._connections.values():
             connection.close()
+
+    def close_after_sending(self) -> None:
+        """A worker's end after its goodbye: each connection ends after the bytes already
+        written (see :meth:`WireConnection.close_after_sending`), so nothing of the run is left
+        open in a process that goes on (a user's loop that calls ``tether.init`` again)."""
+        for connection in self._connections.values():
+            connection.close_after_sending()
 
     def _connection(self, peer: int, tag: int) -> WireConnection:
         channel = (tag - HEADER_TAG) // CHANNEL_STRIDE

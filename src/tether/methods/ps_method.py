@@ -187,6 +187,7 @@ class ServerMethod(TrainingMethod):
     def finish(self, totals: PhaseTotals | None) -> None:
         if not self.is_server:
             self.link.goodbye(totals or PhaseTotals(), self.local_step)
+            self.wire.close_after_sending()  # the server reads the goodbye, then the end
 
     def eval_model(self) -> nn.Module:
         """The server's model; on a worker (a user's own loop calls this), a copy holding the
