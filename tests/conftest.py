@@ -109,6 +109,12 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+def listening_sockets_of(pid: int) -> set[str]:
+    """The local addresses (hex ``host:port``) on which process ``pid`` itself listens."""
+    listening = _listening_inodes()
+    return {listening[inode] for inode in _socket_inodes(pid) if inode in listening}
+
+
 def is_loopback(address: str) -> bool:
     """Whether a /proc/net/tcp{,6} local address (hex ``host:port``) is on loopback."""
     host = address.split(":")[0]

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tether
-from tests.conftest import requires_fashion_mnist, run_cli
+from tests.conftest import listening_sockets_of, requires_fashion_mnist, run_cli
 from tether.data.sharding import GlobalBatchSampler
 from tether.errors import TetherError
 from tether.methods import METHODS
@@ -116,6 +116,7 @@ def _single_process(steps: int, per_worker: int, workers: int) -> torch.Tensor:
 
 def test_fit_sync_sgd_equals_one_process_and_sync_easgd_is_bitwise(tmp_path: Path) -> None:
     train, test = data()
+    listening_before = listening_sockets_of(os.getpid())
     result = tether.fit(
         model=Tiny,
         train_data=train,
@@ -156,6 +157,9 @@ def test_fit_sync_sgd_equals_one_process_and_sync_easgd_is_bitwise(tmp_path: Pat
     ]
     a, b = (torch.cat([p.reshape(-1) for p in r.model.parameters()]) for r in runs)
     assert torch.equal(a, b) and not torch.equal(a, runs[0].model.fc.weight.new_zeros(a.shape))
+    # Three runs launched from this process; their stores (the rendezvous and the workers') were
+    # closed with each: nothing of them still listens here (each used to keep two listening).
+    assert listening_sockets_of(os.getpid()) <= listening_before
 
 
 def test_fit_refuses_bad_input_before_any_worker_starts(tmp_path: Path) -> None:

@@ -35,10 +35,12 @@ def launch_torch(workers: int, argv: Sequence[str], timeout_s: float, run_dir: P
 
     from tether.launch.exits import stopped
     from tether.launch.local import describe_failures, local_launch_config
+    from tether.launch.loopback import stores_of_a_launch
 
     launch = local_launch_config(workers, "tether-bench", monitor_s=0.1)
     try:
-        elastic_launch(launch, sys.executable)("-m", WORKER_MODULE, *argv)
+        with stores_of_a_launch():
+            elastic_launch(launch, sys.executable)("-m", WORKER_MODULE, *argv)
     except ChildFailedError as error:
         message, ranks = describe_failures(error, run_dir / "failures.log")
         raise WorkerFailure(_hung_ranks(run_dir, timeout_s) or message, ranks) from None

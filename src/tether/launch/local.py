@@ -167,10 +167,13 @@ def launch_local(
     run_dir = Path(config.out) if config.out else None
     marks = Path(tempfile.mkdtemp(prefix="tether-ranks-"))
     try:
-        if run_dir is not None:
-            _launch_supervised(launch, config, run_dir, worker_module, extra_args, tolerant, marks)
-        else:
-            elastic_launch(launch, worker)(config.to_toml(), *extra_args)
+        with loopback.stores_of_a_launch():
+            if run_dir is not None:
+                _launch_supervised(
+                    launch, config, run_dir, worker_module, extra_args, tolerant, marks
+                )
+            else:
+                elastic_launch(launch, worker)(config.to_toml(), *extra_args)
     except ChildFailedError as error:
         log = run_dir / "failures.log" if run_dir is not None else None
         message, ranks = describe_failures(error, log, marks)
@@ -223,12 +226,13 @@ def launch_script(
     launch = local_launch_config(processes, "tether-launch")
     python = sys.executable
     try:
-        if tolerant:
-            with tempfile.TemporaryDirectory(prefix="tether-lost-") as lost:
-                supervise = ["-m", "tether.launch.supervise", "--lost-dir", lost, "--"]
-                elastic_launch(launch, python)(*supervise, python, *command)
-        else:
-            elastic_launch(launch, python)(*command)
+        with loopback.stores_of_a_launch():
+            if tolerant:
+                with tempfile.TemporaryDirectory(prefix="tether-lost-") as lost:
+                    supervise = ["-m", "tether.launch.supervise", "--lost-dir", lost, "--"]
+                    elastic_launch(launch, python)(*supervise, python, *command)
+            else:
+                elastic_launch(launch, python)(*command)
     except ChildFailedError as error:
         message, ranks = describe_failures(error, None)
         raise WorkerFailure(message, ranks) from None

@@ -13,8 +13,10 @@ c10d rendezvous (same protocol, same state machine) with both stores bound this 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
+from collections.abc import Iterator
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
@@ -42,32 +44,40 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class BoundStore:
-    """A TCPStore server on a socket of our own, which must stay open as long as the store."""
-
-    def __init__(self, host: str, port: int, timeout: datetime.timedelta, **options: object):
-        self.socket = listening_socket(host, port)
-        self.store = dist.TCPStore(
-            host,
-            self.socket.getsockname()[1],
-            is_master=True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=self.socket.fileno(),
-            **options,  # type: ignore[arg-type]
-        )
-
-
 def store_server(
     host: str, port: int, timeout: datetime.timedelta, **options: object
-) -> dist.Store:
-    """A TCPStore server listening on ``host`` only (kept alive with the returned store)."""
-    bound = BoundStore(host, port, timeout, **options)
-    _KEEP.append(bound)
-    return bound.store
+) -> dist.TCPStore:
+    """A TCPStore server listening on ``host`` only, on a socket of our own (torch's listens on
+    every interface). The store owns the socket's descriptor and closes it when it is destroyed;
+    this process keeps the store until the launch that made it ends (:func:`stores_of_a_launch`)."""
+    sock = listening_socket(host, port)
+    store = dist.TCPStore(
+        host,
+        sock.getsockname()[1],
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+        **options,  # type: ignore[arg-type]
+    )
+    sock.detach()  # the store closes the descriptor: a second close could hit a reused number
+    _KEEP.append(store)
+    return store
 
 
-_KEEP: list[BoundStore] = []  # the sockets of the stores this process serves
+_KEEP: list[dist.TCPStore] = []  # the stores this process serves
+
+
+@contextlib.contextmanager
+def stores_of_a_launch() -> Iterator[None]:
+    """The stores served for one launch (its rendezvous and its workers' store) are let go when
+    it ends, which closes their listening sockets: a process that launches runs one after
+    another (a notebook calling ``tether.fit``) keeps nothing listening between them."""
+    first = len(_KEEP)
+    try:
+        yield
+    finally:
+        del _KEEP[first:]  # the last references: each store closes its socket as it goes
 
 
 class BoundRendezvousHandler(DynamicRendezvousHandler):
@@ -77,9 +87,7 @@ class BoundRendezvousHandler(DynamicRendezvousHandler):
         return BACKEND
 
     def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
-        store = store_server(master_addr, master_port, datetime.timedelta(seconds=300))
-        assert isinstance(store, dist.TCPStore)
-        return store
+        return store_server(master_addr, master_port, datetime.timedelta(seconds=300))
 
 
 def _create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
