@@ -15,3 +15,9 @@ def test_short_runs_get_a_curve() -> None:
     assert every == 12 and 100 // every >= MIN_EVALUATIONS
     assert default_eval_every(937, 30) == MIN_EVAL_INTERVAL  # not at every step
     assert default_eval_every(2) == 1
+
+
+def test_a_large_batch_is_not_evaluated_at_every_step() -> None:
+    # At a global batch of 8192, an epoch of Fashion-MNIST is 7 steps: evaluating every step
+    # (7 per epoch, nearly twice the four intended) is what the floor of 7 / 4 gave.
+    assert default_eval_every(7, 70) == 2 and default_eval_every(6) == 2

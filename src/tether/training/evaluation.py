@@ -30,8 +30,9 @@ MIN_EVAL_INTERVAL = 10  # ...but a very short one is not evaluated at every step
 def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> int:
     """About four evaluations per epoch, and at least ``MIN_EVALUATIONS`` in a run of
     ``total_steps`` (no closer than ``MIN_EVAL_INTERVAL`` steps apart): enough points for an
-    accuracy-vs-time curve. The last step is always evaluated as well."""
-    every = max(1, steps_per_epoch // 4)
+    accuracy-vs-time curve. The last step is always evaluated as well. (Rounded, not floored: a
+    large batch's epoch of 7 steps is evaluated every 2 steps, not at every one.)"""
+    every = max(1, round(steps_per_epoch / 4))
     if total_steps is not None:
         every = min(every, max(MIN_EVAL_INTERVAL, total_steps // MIN_EVALUATIONS))
     return every
