@@ -25,6 +25,7 @@ from tests.conftest import listening_sockets_of, requires_fashion_mnist, run_cli
 from tether.data.sharding import GlobalBatchSampler
 from tether.errors import TetherError
 from tether.methods import METHODS
+from tether.training.norm_stats import calibration_subset
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -436,3 +437,46 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "workers 1 weight" in result.stdout
     assert "after finish: this run has finished" in result.stdout
+
+
+class TinyNormed(nn.Module):
+    """Inputs far from mean 0 and variance 1: evaluated with batch norm's initial statistics,
+    its hidden layer would be normalised wrongly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.norm(self.fc(x))))
+
+
+def test_a_center_and_a_servers_weights_get_their_own_batch_norm_statistics(tmp_path: Path) -> None:
+    # Nothing trains the EASGD center's (or a server's) running statistics by forward passes:
+    # they stayed at mean 0 / variance 1 and LeNet-5 with batch norm scored 45% where it should
+    # score 87%. Now they are recomputed, before each evaluation, from the evaluated model's own
+    # activations on a sample of the training set (tether.training.norm_stats).
+    train, test = data()
+    shifted = TensorDataset(train.tensors[0] * 4 + 10, train.tensors[1])
+    for method in ("sync-easgd", "async-sgd"):
+        result = tether.fit(
+            model=TinyNormed,
+            train_data=shifted,
+            eval_data=TensorDataset(test.tensors[0] * 4 + 10, test.tensors[1]),
+            method=method,
+            workers=2,
+            batch_size=8,
+            steps=12,
+            out=tmp_path / method,
+        )
+        model = result.model
+        order = calibration_subset(shifted, seed=0).indices  # the whole set, seeded order
+        with torch.no_grad():
+            hidden = model.fc(shifted.tensors[0][order])
+        batches = hidden.split(8)  # the run's batch size: a cumulative average over its batches
+        mean = torch.stack([b.mean(0) for b in batches]).mean(0)
+        var = torch.stack([b.var(0, unbiased=True) for b in batches]).mean(0)
+        assert torch.allclose(model.norm.running_mean, mean, rtol=1e-4, atol=1e-4), method
+        assert torch.allclose(model.norm.running_var, var, rtol=1e-4, atol=1e-4), method

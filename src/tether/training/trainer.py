@@ -50,6 +50,7 @@ from tether.training.evaluation import Evaluator, default_eval_every
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
+from tether.training.norm_stats import recompute_from_training_data
 from tether.training.objective import Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
@@ -248,6 +249,10 @@ class Trainer:
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         result.check_complete(self.total_steps, stopped_at_target)
 
+    def _forward(self, model: nn.Module, batch: Any) -> None:
+        with self.method.precision.autocast(self.device):
+            self.objective(model, batch)
+
     def _backward(self, batch: Any) -> torch.Tensor:
         """Forward and backward on one batch: the closure the method's step runs, which clears
         the gradients first as a torch closure does (during an accumulation that does
@@ -344,6 +349,12 @@ class Trainer:
     def _evaluate_now(self, step: int) -> dict[str, float]:
         begin = time.perf_counter()
         model = self.method.eval_model()
+        if self.has_server or model is not self.method.model:  # a center, or a server's weights:
+            # no forward pass of training updated its batch-norm statistics (norm_stats)
+            recompute_from_training_data(
+                model, self.task.train_data, self.config.seed, self.config.batch_size,
+                self.device, self.task.collate_fn, self._forward,
+            )  # fmt: skip
         result: dict[str, float] = {}
         if self.task.eval_data is not None:
             transport = self.transport
