@@ -1,12 +1,12 @@
-"""Batch-norm statistics for a model that did not train them: the EASGD center and the server's
-weights.
+"""Batch-norm statistics for a model that did not train them: the EASGD center, an average of
+replicas and a server's weights.
 
 A batch-norm layer keeps running estimates of its inputs' mean and variance, updated by the
 forward passes of training and used in place of the batch's own statistics at evaluation. The
 model a method evaluates is often not one that ran those forward passes: the elastic center
 (sync-, original-, async-, hogwild-EASGD: Zhang, Choromanska, LeCun 2015; You, Buluc, Demmel,
-SC17), and the parameter server's weights (async-sgd, async-msgd, hogwild-sgd), move only by
-exchanges of parameters. Their buffers would stay at their initial values (mean 0, variance 1),
+SC17), local-sgd's average of the replicas, and the parameter server's weights (async-sgd,
+async-msgd, hogwild-sgd) move only by exchanges of parameters. Their buffers would stay at their initial values (mean 0, variance 1),
 and the model is evaluated on activations it never normalised right. Averaging the workers'
 buffers would not fix it either: the center's weights are not any worker's, and neither are the
 statistics of their activations.
