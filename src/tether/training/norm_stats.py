@@ -6,10 +6,10 @@ forward passes of training and used in place of the batch's own statistics at ev
 model a method evaluates is often not one that ran those forward passes: the elastic center
 (sync-, original-, async-, hogwild-EASGD: Zhang, Choromanska, LeCun 2015; You, Buluc, Demmel,
 SC17), local-sgd's average of the replicas, and the parameter server's weights (async-sgd,
-async-msgd, hogwild-sgd) move only by exchanges of parameters. Their buffers would stay at their initial values (mean 0, variance 1),
-and the model is evaluated on activations it never normalised right. Averaging the workers'
-buffers would not fix it either: the center's weights are not any worker's, and neither are the
-statistics of their activations.
+async-msgd, hogwild-sgd) move only by exchanges of parameters. Their buffers would stay at their
+initial values (mean 0, variance 1), and the model is evaluated on activations it never
+normalised right. Averaging the workers' buffers would not fix it either: the center's weights
+are not any worker's, and neither are the statistics of their activations.
 
 So, before such a model is evaluated (and saved), its statistics are recomputed from its own
 forward passes, in training mode without gradients, over a fixed sample of the training set, as
