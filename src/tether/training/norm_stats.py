@@ -29,7 +29,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.data import Dataset, Subset
 
+from tether.config import TrainConfig
 from tether.training.batches import eval_batches
+from tether.training.task import Task
 
 SAMPLES = 2048  # training samples the statistics are recomputed from (about a fifth of an
 # evaluation of a 10,000-sample test set)
@@ -77,17 +79,15 @@ def recompute_running_stats(
 
 def recompute_from_training_data(
     model: nn.Module,
-    train_data: Dataset,
-    seed: int,
-    batch_size: int,
+    task: Task,
+    config: TrainConfig,
     device: torch.device,
-    collate_fn: Callable[[list[Any]], Any] | None,
     forward: Callable[[nn.Module, Any], object],
 ) -> None:
-    """:func:`recompute_running_stats` over the seeded sample of ``train_data`` (nothing to do
-    for a model without running statistics)."""
+    """:func:`recompute_running_stats` over the seeded sample of the task's training data, in
+    batches of the run's size (nothing to do for a model without running statistics)."""
     if not running_stat_layers(model):
         return
-    sample = calibration_subset(train_data, seed)
-    batches = eval_batches(sample, 0, 1, batch_size, device, collate_fn, None)
+    sample = calibration_subset(task.train_data, config.seed)
+    batches = eval_batches(sample, 0, 1, config.batch_size, device, task.collate_fn, None)
     recompute_running_stats(model, batches, forward)

@@ -51,7 +51,7 @@ from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
 from tether.training.norm_stats import recompute_from_training_data
-from tether.training.objective import Objective
+from tether.training.objective import Evaluated, Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_log import StepLog, record_evaluation
@@ -249,17 +249,17 @@ class Trainer:
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         result.check_complete(self.total_steps, stopped_at_target)
 
-    def _forward(self, model: nn.Module, batch: Any) -> None:
+    def _forward(self, model: nn.Module, batch: Any) -> Evaluated:
+        """The user's loss on one batch, in the run's precision."""
         with self.method.precision.autocast(self.device):
-            self.objective(model, batch)
+            return self.objective(model, batch)
 
     def _backward(self, batch: Any) -> torch.Tensor:
         """Forward and backward on one batch: the closure the method's step runs, which clears
         the gradients first as a torch closure does (during an accumulation that does
         nothing)."""
         self.optimizer.zero_grad()
-        with self.method.precision.autocast(self.device):
-            result = self.objective(self.method.model, batch)
+        result = self._forward(self.method.model, batch)
         self.method.backward_loss(result.loss)
         return result.loss.detach()
 
@@ -351,10 +351,7 @@ class Trainer:
         model = self.method.eval_model()
         if self.has_server or model is not self.method.model:  # a center, or a server's weights:
             # no forward pass of training updated its batch-norm statistics (norm_stats)
-            recompute_from_training_data(
-                model, self.task.train_data, self.config.seed, self.config.batch_size,
-                self.device, self.task.collate_fn, self._forward,
-            )  # fmt: skip
+            recompute_from_training_data(model, self.task, self.config, self.device, self._forward)
         result: dict[str, float] = {}
         if self.task.eval_data is not None:
             transport = self.transport
