@@ -4,8 +4,12 @@ Part ``iterations``. Each model is first calibrated (``tether calibrate``: its l
 links fitted to native all-reduce on 2 ranks); then for each method variant and worker count the
 model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
 the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model):
-the difference of two runs of N1 and N2 steps, (wall(N2) - wall(N1)) / (N2 - N1), so start-up,
-the first step and the final evaluation cancel. The one-worker sync-sgd cell is where the
+the difference of two runs of N1 and N2 steps, (T(N2) - T(N1)) / (N2 - N1), where T is a run's
+step-loop time per worker (:func:`step_loop_s`), so start-up and the first step's warm-up cancel
+and evaluation is left out. (Not the wall time: the evaluation at the end of every run does not
+cancel, it varies. Two runs of the CNN on 4 workers spent 34.4 and 27.7 s evaluating against
+about 17 s for the 10 steps their difference times: the wall time said 1013 ms per step where
+the step loop took 1692.) The one-worker sync-sgd cell is where the
 calibration measures the training loop's cost per step (data, bookkeeping): shown, not counted. Cells run in a shuffled order, ``--repeats``
 passes; the table gives the median measured time, its range, and the error of the prediction
 against the median. Models: LeNet-5 (0.24 MiB of parameters), the 4.8M-parameter CNN (18 MiB), and
@@ -15,7 +19,7 @@ Part ``collectives``. ``tether bench comm`` times every all-reduce algorithm at 
 2 and 4 ranks; the model prices each (our algorithms with the calibration's alpha, beta, gamma,
 which ``bench comm`` reports; native with the profile's fit of native times).
 
-    .venv/bin/python benchmarks/bench_perf_model.py --part iterations   # ~25 min on 2 cores
+    .venv/bin/python benchmarks/bench_perf_model.py --part iterations   # ~50 min a pass on 2 cores
     .venv/bin/python benchmarks/bench_perf_model.py --part collectives  # ~6 min
 """
 
@@ -56,7 +60,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("local-sgd", "local-sgd", {}),
     ("async-sgd", "async-sgd", {}),
 ]
-STEPS = {"lenet5": (20, 120), "cnn": (2, 8), "user-mlp": (20, 220)}
+# the CNN: ten timed steps between the two runs (six left one noisy step a large share)
+STEPS = {"lenet5": (20, 120), "cnn": (2, 12), "user-mlp": (20, 220)}
 BATCH = 64
 
 
@@ -96,7 +101,15 @@ def measure_cli(
     command += ["--threads-per-worker", "1"]  # as the layers were timed, also for one worker
     command += _train_flags(options)
     subprocess.run(command, check=True, capture_output=True)
-    return float(json.loads((out / "summary.json").read_text())["wall_time_s"])
+    return step_loop_s(json.loads((out / "summary.json").read_text()))
+
+
+def step_loop_s(summary: dict[str, Any]) -> float:
+    """A run's step-loop seconds per worker: summary.json's data, compute and communication
+    seconds (``time_split_s``, summed over the computing workers) over the number of workers.
+    Evaluation and start-up are not in it (the training clock of ``tether calibrate``'s
+    measurement of the training loop leaves them out too)."""
+    return sum(float(v) for v in summary["time_split_s"].values()) / int(summary["workers"])
 
 
 def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> float:
@@ -116,10 +129,11 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
         steps=steps,
         out=out,
         overwrite=True,
+        eval_every=1_000_000,  # as measure_cli: the final evaluation only
         threads_per_worker=1,
         **options,
     )
-    return float(result.summary["wall_time_s"])
+    return step_loop_s(result.summary)
 
 
 def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
@@ -130,10 +144,27 @@ def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
     return load_profile(str(path)), Workload.from_dict(data["workload"])
 
 
+def save_measurements(
+    stem: str, profiles: dict[str, Any], measured: dict[tuple, list[float]], load_line: str
+) -> None:
+    """The calibrations and the times measured so far, for ``--reuse``."""
+    raw = {
+        "models": {
+            m: {"profile": pw[0].to_dict(), "workload": pw[1].to_dict()}
+            for m, pw in profiles.items()
+        },
+        "measured": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in measured.items()},
+        "load": load_line,
+    }
+    (RESULTS / f"{stem}_measurements.json").write_text(json.dumps(raw, indent=1) + "\n")
+
+
 def measure_cells(
-    models: list[str], cells: list[tuple], repeats: int, scratch: Path
+    models: list[str], cells: list[tuple], repeats: int, scratch: Path, stem: str
 ) -> tuple[dict[str, Any], dict[tuple, list[float]], str]:
-    """Calibrate every model, then time every cell ``repeats`` times in shuffled passes."""
+    """Calibrate every model, then time every cell ``repeats`` times in shuffled passes. The
+    measurements file is rewritten after every cell, so a run that fails part-way keeps what it
+    measured (``--reuse`` renders it)."""
     profiles: dict[str, Any] = {}
     for model in models:
         if model == "user-mlp":
@@ -147,8 +178,8 @@ def measure_cells(
             # the training loop's own cost per step (here: the DataLoader collating 64 samples),
             # measured as tether calibrate measures it, on one worker
             n1, n2 = STEPS[model]
-            walls = [measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{n}") for n in (n1, n2)]
-            loop = (walls[1] - walls[0]) / (n2 - n1)
+            loops = [measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{n}") for n in (n1, n2)]
+            loop = (loops[1] - loops[0]) / (n2 - n1)
             own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
             profiles[model] = (profile, dataclasses.replace(timed, data_s=max(0.0, loop - own)))
         else:
@@ -162,20 +193,23 @@ def measure_cells(
             rng.shuffle(order)
             for i, (model, label, method, options, p) in enumerate(order):
                 n1, n2 = STEPS[model]
-                walls = []
+                loops = []
                 for n in (n1, n2):
-                    out = scratch / f"run-{i}-{n}"
+                    out = scratch / f"run-{repeat}-{i}-{n}"
                     if model == "user-mlp":
-                        walls.append(measure_api(method, p, n, options, out))
+                        loops.append(measure_api(method, p, n, options, out))
                     else:
-                        walls.append(measure_cli(model, method, p, n, options, out))
-                measured[(model, label, p)].append((walls[1] - walls[0]) / (n2 - n1))
+                        loops.append(measure_cli(model, method, p, n, options, out))
+                measured[(model, label, p)].append((loops[1] - loops[0]) / (n2 - n1))
                 print(
                     f"pass {repeat + 1}, {i + 1}/{len(order)}: {model} {label} x{p}: "
                     f"{measured[(model, label, p)][-1] * 1e3:.2f} ms/step",
                     flush=True,
                 )
+                partial_line = f"Interrupted after pass {repeat + 1}, cell {i + 1} of {len(order)}."
+                save_measurements(stem, profiles, measured, partial_line)
     line = f"Foreign load during the runs: {load.cores():.2f} cores on average ({load.top()})."
+    save_measurements(stem, profiles, measured, line)
     return profiles, measured, line
 
 
@@ -202,17 +236,9 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
         }
         load_line = saved["load"]
     else:
-        profiles, measured, load_line = measure_cells(models, cells, args.repeats, scratch)
-        raw = {
-            "models": {
-                m: {"profile": pw[0].to_dict(), "workload": pw[1].to_dict()}
-                for m, pw in profiles.items()
-            },
-            "measured": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in measured.items()},
-            "load": load_line,
-        }
-        # reused by --reuse
-        (RESULTS / f"{args.stem}_measurements.json").write_text(json.dumps(raw, indent=1) + "\n")
+        profiles, measured, load_line = measure_cells(
+            models, cells, args.repeats, scratch, args.stem
+        )
     lines = [
         load_line,
         "",
@@ -221,12 +247,16 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
     ]
     errors = []
     points = []
+    missing = 0
     for model, label, method, options, p in cells:
         calibration_point = label == "sync-sgd" and p == 1
         profile, workload = profiles[model]
         tau = int(method_defaults(method).get("tau", 1))
         pred = tether.predict(workload, method, p, profile, tau=tau, **options)
-        times = measured[(model, label, p)]
+        times = measured.get((model, label, p), [])
+        if not times:  # a run that stopped before this cell
+            missing += 1
+            continue
         median = statistics.median(times)
         error = (pred.iteration_s - median) / median
         if not calibration_point:
@@ -246,6 +276,8 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
         ]
     else:  # only calibration points (--workers 1): a check of the calibration itself
         lines += ["", "Only calibration points: no cell counts towards the goal."]
+    if missing:
+        lines.append(f"\n{missing} of {len(cells)} cells were not measured (the run stopped).")
     figure = Figure(figsize=(6.5, 6), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.subplots()

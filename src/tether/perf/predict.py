@@ -17,8 +17,9 @@ method's communication:
   reply per exchange, the server serving one exchange at a time (round-robin by rank for
   original-easgd, first come first served for the async ones, no queue for Hogwild).
 
-Workers that share a node's cores compute slower in proportion (``cores_per_node``), and on an
-oversubscribed node nothing overlaps: the cores that would hide the communication are busy.
+Workers that share a node's cores compute slower in proportion (``cores_per_node``; a parameter
+server takes the share of a core it is busy, its utilisation), and on an oversubscribed node
+nothing overlaps: the cores that would hide the communication are busy.
 """
 
 from __future__ import annotations
@@ -112,16 +113,12 @@ def links_of(profile: HardwareProfile, ranks_per_node: int = 0) -> Links:
     )
 
 
-def _processes_per_node(setup: Setup, links: Links) -> int:
-    workers_here = min(setup.workers, links.ranks_per_node)
-    server = 1 if setup.method in SERVER_METHODS and not setup.method.startswith("hogwild") else 0
-    return workers_here + server
-
-
-def _slowdown(profile: HardwareProfile, setup: Setup, links: Links) -> float:
+def _slowdown(profile: HardwareProfile, setup: Setup, links: Links, server_share: float) -> float:
+    """How much slower a worker computes when the node's workers (and ``server_share`` of a
+    core for a parameter server) want more cores than the node has."""
     if profile.cores_per_node <= 0:
         return 1.0
-    busy = _processes_per_node(setup, links) * setup.threads_per_worker
+    busy = min(setup.workers, links.ranks_per_node) * setup.threads_per_worker + server_share
     return max(1.0, busy / profile.cores_per_node)
 
 
@@ -211,6 +208,27 @@ def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float,
     return per_step, service, message
 
 
+def _server_slowdown(
+    alone: StepTimes, profile: HardwareProfile, setup: Setup, links: Links
+) -> float:
+    """The compute slowdown beside a parameter server, which takes of a core what it is busy:
+    its utilisation (service time per exchange times exchanges per second), not a whole core
+    (a server waiting for messages uses none). The utilisation depends on the rate, which
+    depends on the slowdown: iterated from a whole core (the most it can take) until it
+    settles."""
+    share = 1.0
+    slow = _slowdown(profile, setup, links, share)
+    exchanges_per_step = 1 / setup.tau if setup.method.endswith("easgd") else 1
+    for _ in range(20):
+        per_step, service, _message = _server(alone.slowed(slow), setup, links)
+        share = min(1.0, service * setup.workers * exchanges_per_step / per_step)
+        settled = _slowdown(profile, setup, links, share)
+        if abs(settled - slow) < 1e-9:
+            break
+        slow = settled
+    return slow
+
+
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
     """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
     if setup.method not in PREDICTED_METHODS:
@@ -220,8 +238,11 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
     if setup.workers < 1 or setup.tau < 1:
         raise TetherError("workers and tau must be at least 1")
     links = links_of(profile, setup.ranks_per_node)
-    slow = _slowdown(profile, setup, links)
-    steps = workload.step_times(profile).slowed(slow)
+    alone = workload.step_times(profile)
+    slow = _slowdown(profile, setup, links, 0.0)
+    if setup.method in SERVER_METHODS and not setup.method.startswith("hogwild"):
+        slow = _server_slowdown(alone, profile, setup, links)
+    steps = alone.slowed(slow)
     # an oversubscribed node has no idle core to run the communication beside the compute
     overlap = setup.overlap and slow <= 1.0
     details: dict[str, Any] = {"compute_slowdown": slow, "overlap_effective": overlap}
