@@ -38,6 +38,17 @@ def default_eval_every(steps_per_epoch: int, total_steps: int | None = None) -> 
     return every
 
 
+def eval_interval(asked: int, steps_per_epoch: int, total_steps: int, has_eval_data: bool) -> int:
+    """Steps between evaluations: ``asked`` (0: :func:`default_eval_every`). Without evaluation
+    data, the run's length: only the last step is evaluated, which fixes the model that is saved
+    (a center's batch-norm statistics); an evaluation between would be a pause with nothing to
+    measure, and for local-sgd an all-reduce of the replicas (a user's MLP under local-sgd on 4
+    workers, evaluated every 2 steps by default: 18.1 ms per step against 9.8 in its step loop)."""
+    if not has_eval_data:
+        return max(1, total_steps)
+    return asked or default_eval_every(steps_per_epoch, total_steps)
+
+
 class Evaluator:
     """Scores a model on batches with the loss and metrics; ``all_reduce`` (sums in place) joins
     the ranks' shares, or is None when one process scores the whole set (a server)."""

@@ -46,7 +46,7 @@ from tether.parallel import full_state_dict
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches
 from tether.training.build import build_method, computing_workers, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint
-from tether.training.evaluation import Evaluator, default_eval_every
+from tether.training.evaluation import Evaluator, eval_interval
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
@@ -131,7 +131,8 @@ class Trainer:
             task.collate_fn,
             task.loader_options,
         )
-        self.eval_every = config.eval_every or default_eval_every(spe, self.total_steps)
+        has_eval_data = task.eval_data is not None and len(task.eval_data) > 0  # type: ignore[arg-type]
+        self.eval_every = eval_interval(config.eval_every, spe, self.total_steps, has_eval_data)
         self.totals = PhaseTotals()
         self.tensorboard = None
         identity = {
