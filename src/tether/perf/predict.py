@@ -213,20 +213,23 @@ def _server_slowdown(
 ) -> float:
     """The compute slowdown beside a parameter server, which takes of a core what it is busy:
     its utilisation (service time per exchange times exchanges per second), not a whole core
-    (a server waiting for messages uses none). The utilisation depends on the rate, which
-    depends on the slowdown: iterated from a whole core (the most it can take) until it
-    settles."""
-    share = 1.0
-    slow = _slowdown(profile, setup, links, share)
+    (a server waiting for messages uses none). The utilisation falls as the share it takes
+    slows the workers, so the share that equals its own utilisation is unique: found by
+    bisection between none and a whole core (a saturated server)."""
     exchanges_per_step = 1 / setup.tau if setup.method.endswith("easgd") else 1
-    for _ in range(20):
-        per_step, service, _message = _server(alone.slowed(slow), setup, links)
-        share = min(1.0, service * setup.workers * exchanges_per_step / per_step)
-        settled = _slowdown(profile, setup, links, share)
-        if abs(settled - slow) < 1e-9:
-            break
-        slow = settled
-    return slow
+
+    def utilisation(share: float) -> float:
+        slowed = alone.slowed(_slowdown(profile, setup, links, share))
+        per_step, service, _message = _server(slowed, setup, links)
+        return min(1.0, service * setup.workers * exchanges_per_step / per_step)
+
+    low, high = 0.0, 1.0
+    if utilisation(high) >= high:
+        return _slowdown(profile, setup, links, high)
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if utilisation(middle) > middle else (low, middle)
+    return _slowdown(profile, setup, links, (low + high) / 2)
 
 
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
