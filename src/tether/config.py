@@ -113,7 +113,8 @@ class TrainConfig:
     target: str | None = None
     target_accuracy: float | None = None
     stop_at_target: bool = False
-    # Evaluate every this many steps; 0 picks about four evaluations per epoch.
+    # Evaluate every this many steps; 0 picks about four evaluations per epoch. Without
+    # evaluation data only the last step is evaluated (training.evaluation.eval_interval).
     eval_every: int = 0
     out: str | None = None
     backend: str = "auto"
