@@ -186,6 +186,11 @@ def _node_setup(setup: Setup, links: Links) -> Setup:
     )
 
 
+def _steps_per_exchange(setup: Setup) -> int:
+    """A server method's worker exchanges every ``tau`` steps (the EASGD family) or every step."""
+    return setup.tau if setup.method.endswith("easgd") else 1
+
+
 def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float, float]:
     """(seconds per local step, server service per exchange, message time) in steady state."""
     n = steps.model_bytes
@@ -194,7 +199,7 @@ def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float,
     message = 0.0 if hogwild_sgd else message_time(n, links, crosses)
     passes = 3 if setup.method.endswith("easgd") else 2  # elastic move vs w -= lr*g (momentum: 2)
     service = passes * n * links.g + (0.0 if hogwild_sgd else links.a)
-    tau = setup.tau if setup.method.endswith("easgd") else 1
+    tau = _steps_per_exchange(setup)
     config = SimulationConfig(
         method=setup.method,
         workers=setup.workers,
@@ -216,7 +221,7 @@ def _server_slowdown(
     (a server waiting for messages uses none). The utilisation falls as the share it takes
     slows the workers, so the share that equals its own utilisation is unique: found by
     bisection between none and a whole core (a saturated server)."""
-    exchanges_per_step = 1 / setup.tau if setup.method.endswith("easgd") else 1
+    exchanges_per_step = 1 / _steps_per_exchange(setup)
 
     def utilisation(share: float) -> float:
         slowed = alone.slowed(_slowdown(profile, setup, links, share))
@@ -242,9 +247,10 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
         raise TetherError("workers and tau must be at least 1")
     links = links_of(profile, setup.ranks_per_node)
     alone = workload.step_times(profile)
-    slow = _slowdown(profile, setup, links, 0.0)
     if setup.method in SERVER_METHODS and not setup.method.startswith("hogwild"):
         slow = _server_slowdown(alone, profile, setup, links)
+    else:
+        slow = _slowdown(profile, setup, links, 0.0)
     steps = alone.slowed(slow)
     # an oversubscribed node has no idle core to run the communication beside the compute
     overlap = setup.overlap and slow <= 1.0
@@ -260,7 +266,7 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
     else:
         total, service, message = _server(steps, setup, links)
         compute = steps.compute_s
-        exchanges = 1 / setup.tau if setup.method.endswith("easgd") else 1
+        exchanges = 1 / _steps_per_exchange(setup)
         comm = (2 * message + service) * exchanges
         details.update({"server_service_s": service, "message_s": message})
     return Prediction(
