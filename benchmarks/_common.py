@@ -33,18 +33,23 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
-    return {
+    info = {
         "host": platform.node(),
         "cpu": cpu,
         "cores": str(os.cpu_count()),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+    if torch.cuda.is_available():
+        info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return info
 
 
 def machine_slug(info: dict[str, str]) -> str:
-    cpu = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
-    return f"{cpu}-{info['cores']}cores"
+    """The result files' machine suffix: the GPU where there is one (GPU results are named by
+    it), else the CPU model and core count."""
+    named = info.get("gpu", f"{info['cpu']} {info['cores']}cores")
+    return re.sub(r"[^a-z0-9]+", "-", named.lower()).strip("-")
 
 
 def tether_command() -> list[str]:
@@ -67,7 +72,9 @@ def write_part_result(
     header = [
         f"# {title}",
         "",
-        f"- machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}",
+        f"- machine: {info['cpu']}, {info['cores']} cores, "
+        + (f"{info['gpu']}, " if "gpu" in info else "")
+        + f"torch {info['torch']}",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- command: `{command}`",
         f"- took {(time.perf_counter() - started) / 60:.0f} min; figure: `{png.name}`",

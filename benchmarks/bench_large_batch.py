@@ -22,13 +22,16 @@ at 4096 (2 workers x 512 x accumulate 4), a combination no published system offe
 tuned the same way for an elastic worker. Every run is appended to ``--cells`` as it finishes;
 ``--reuse`` reads finished runs back instead of running them again.
 
-Part ``precision``. fp32, bf16 and fp16 under sync-sgd, 2 workers, LeNet-5 (1 epoch) and the
-4.8M-parameter CNN (``--cnn-steps`` steps), taking turns (``--repeats`` rounds, the order rotated):
+Part ``precision``. fp32, bf16 and fp16 under sync-sgd, 2 CPU workers (``--device cuda``: one
+worker per GPU over NCCL), global batch ``--batch``, LeNet-5 (1 epoch) and the 4.8M-parameter CNN
+(``--cnn-steps`` steps; an epoch on GPUs), taking turns (``--repeats`` rounds, the order rotated):
 training samples/s (start-up and the one evaluation at the end excluded) and final accuracy side
-by side.
+by side. GPU results are named by the GPU (``benchmarks/gpu_checks.sh`` runs them with the CUDA
+tests).
 
     .venv/bin/python benchmarks/bench_large_batch.py --part batches      # ~80 min on 2 cores
     .venv/bin/python benchmarks/bench_large_batch.py --part precision    # ~10 min
+    python benchmarks/bench_large_batch.py --part precision --device cuda   # ~4 min on an H100
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -308,6 +312,18 @@ def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], 
         "lenet5": {"epochs": 1, "eval_every": 10**6},
         "cnn": {"steps": args.cnn_steps, "eval_every": 10**6},
     }
+    # The same global batch (--batch, 128 by default) and rate on either device: 2 CPU workers,
+    # or one worker per GPU (NCCL). A GPU runs the CNN's whole epoch in the time the CPU runs a
+    # few steps.
+    workers = torch.cuda.device_count() if args.device == "cuda" else 2
+    if workers == 0:
+        raise SystemExit("--device cuda needs a visible CUDA device")
+    if args.batch % workers:
+        raise SystemExit(f"--batch {args.batch} must split over {workers} worker(s) (a GPU each)")
+    placement: dict[str, Any] = {"workers": workers, "batch_size": args.batch // workers}
+    if args.device == "cuda":
+        placement["backend"] = "nccl"
+        models["cnn"] = {"epochs": 1, "eval_every": 10**6}
     rates: dict[tuple[str, str], list[float]] = {}
     accuracy: dict[tuple[str, str], list[float]] = {}
     for r in range(args.repeats):
@@ -316,8 +332,8 @@ def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], 
             for precision in order:
                 out = scratch / f"{name}-{precision}-{r}"
                 spec = {"model": name, "train_data": "fashion-mnist", "method": "sync-sgd",
-                        "workers": 2, "batch_size": 64, "lr": 0.05, "precision": precision,
-                        "out": str(out), **length}  # fmt: skip
+                        "lr": 0.05, "precision": precision, "out": str(out), **placement,
+                        **length}  # fmt: skip
                 code = "import json, sys, tether\nif __name__ == '__main__':\n    tether.fit(**json.loads(sys.argv[1]))\n"
                 proc = subprocess.run(
                     [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True
@@ -357,7 +373,8 @@ def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], 
         medians = [statistics.median(rates.get((name, p), [0.0])) for p in precisions]
         ax.bar(precisions, medians, color=["#4c72b0", "#dd8452", "#55a868"])
         ax.set_title(name)
-        ax.set_ylabel("samples/s (sync-sgd, 2 CPU workers)")
+        where = f"{workers} CPU workers" if args.device == "cpu" else f"{workers} GPU(s)"
+        ax.set_ylabel(f"samples/s (sync-sgd, {where}, batch {args.batch})")
     figure.tight_layout()
     return lines, figure
 
@@ -371,7 +388,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=2, help="runs side by side (part batches)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds (part precision)")
-    parser.add_argument("--cnn-steps", type=int, default=60)
+    parser.add_argument("--cnn-steps", type=int, default=60, help="the CNN's steps on the CPU")
+    parser.add_argument("--batch", type=int, default=128, help="part precision's global batch")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="part precision: 2 CPU workers, or one worker per GPU (NCCL; the CNN for an epoch)",
+    )
     parser.add_argument(
         "--cells",
         type=Path,
