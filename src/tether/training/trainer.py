@@ -43,19 +43,19 @@ from tether.observe.timeline import (
     write_rank_file,
 )
 from tether.parallel import full_state_dict
-from tether.training.batches import TrainBatches, batch_size_of, eval_batches
+from tether.training.batches import TrainBatches, batch_size_of
 from tether.training.build import build_method, computing_workers, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint
-from tether.training.evaluation import Evaluator, eval_interval
+from tether.training.evaluation import eval_interval
 from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
-from tether.training.norm_stats import recompute_from_training_data
 from tether.training.objective import Evaluated, Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
+from tether.training.scoring import Scoring
 from tether.training.server_progress import ServerProgress
 from tether.training.task import Task
 
@@ -116,11 +116,10 @@ class Trainer:
             self.method.on_sent = hang_after_send
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
         self.objective = Objective(task.loss)
-        # Methods with a server evaluate there; replicated methods evaluate sharded, together.
-        self.has_server = self.method.server_processes > 0
-        self.evaluator = Evaluator(
-            self.objective, task.metrics, None if self.has_server else self.transport.all_reduce
+        self.scoring = Scoring(
+            config, task, self.method, self.transport, self.device, self.objective, self._forward
         )
+        self.has_server = self.scoring.on_server  # the server evaluates and checkpoints
         self.target = config.target_spec
         self.batches = TrainBatches(
             task.train_data,
@@ -131,8 +130,9 @@ class Trainer:
             task.collate_fn,
             task.loader_options,
         )
-        has_eval_data = task.eval_data is not None and len(task.eval_data) > 0  # type: ignore[arg-type]
-        self.eval_every = eval_interval(config.eval_every, spe, self.total_steps, has_eval_data)
+        self.eval_every = eval_interval(
+            config.eval_every, spe, self.total_steps, self.scoring.has_data
+        )
         self.totals = PhaseTotals()
         self.tensorboard = None
         identity = {
@@ -148,20 +148,8 @@ class Trainer:
         self.record = RunRecord()
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
-        self._fix_metrics()
+        self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
-
-    def _fix_metrics(self) -> None:
-        """Choose the evaluation metrics from the first evaluation sample, the same on every
-        rank that evaluates."""
-        if self.task.eval_data is None or len(self.task.eval_data) == 0:  # type: ignore[arg-type]
-            return
-        if self.has_server and self.method.role() is not Role.SERVER:
-            return
-        first = next(
-            eval_batches(self.task.eval_data, 0, 1, 1, self.device, self.task.collate_fn, None)
-        )
-        self.evaluator.fix_metrics(self.method.model, first)
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -349,26 +337,7 @@ class Trainer:
 
     def _evaluate_now(self, step: int) -> dict[str, float]:
         begin = time.perf_counter()
-        model = self.method.eval_model()
-        if self.has_server or model is not self.method.model:  # a center, or a server's weights:
-            # no forward pass of training updated its batch-norm statistics (norm_stats)
-            recompute_from_training_data(model, self.task, self.config, self.device, self._forward)
-        result: dict[str, float] = {}
-        if self.task.eval_data is not None:
-            transport = self.transport
-            rank, world = (0, 1) if self.has_server else (transport.rank, transport.world_size)
-            result = self.evaluator.evaluate(
-                model,
-                eval_batches(
-                    self.task.eval_data,
-                    rank,
-                    world,
-                    self.config.eval_batch_size,
-                    self.device,
-                    self.task.collate_fn,
-                    None,
-                ),
-            )
+        result = dict(self.scoring.score())
         if self.method.evaluation_pauses_workers:
             self.record.eval_s += time.perf_counter() - begin
         entry = {
