@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from _common import machine, write_part_result
-from tether.comm.header import MessageKind
+from tether.bench.server_wire import LOOPBACK, round_trips
 from tether.comm.messages import MessageProtocol
 from tether.comm.transport import TorchTransport
 from tether.comm.wire_setup import open_socket_wire
@@ -32,25 +32,6 @@ from tether.launch.spawn import run_spawned
 
 # Floats per message: LeNet-5 (61,706 parameters), then 1M and 4M (4 and 16 MB).
 SIZES = [61_706, 1 << 20, 1 << 22]
-LOOPBACK = "127.0.0.1"
-
-
-def _round_trips(wire: MessageProtocol, n: int, exchanges: int) -> list[float]:
-    """Time ``exchanges`` worker -> server -> worker exchanges of ``n`` floats (rank 1's view)."""
-    buffer = torch.zeros(n)
-    payload = torch.ones(n)
-    times = []
-    for i in range(exchanges + 2):  # two untimed: connections and buffers warm
-        if wire.rank == 0:
-            msg = wire.recv_message(buffer, src=1)
-            wire.send_message(msg.payload, 1, MessageKind.PARAMS, msg.header.step)
-            continue
-        start = time.perf_counter()
-        wire.send_message(payload, 0, MessageKind.GRADIENT, step=i)
-        wire.recv_message(buffer, src=0)
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return times
 
 
 def _run(rank: int, world: int, repeats: int, exchanges: int) -> dict[str, Any]:
@@ -69,7 +50,7 @@ def _run(rank: int, world: int, repeats: int, exchanges: int) -> dict[str, Any]:
         for n in SIZES:
             for name, wire in wires.items():
                 gloo.barrier()
-                times = _round_trips(wire, n, exchanges)
+                times = round_trips(wire, n, exchanges)
                 if times:
                     medians[name][n].append(statistics.median(times))
     return {"medians": medians}

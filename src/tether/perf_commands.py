@@ -103,6 +103,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         trainer_step_s,
         write_calibration,
     )
+    from tether.bench.server_wire import measure_server_wire
 
     # before minutes of timing: what would fail at its end
     for option, value, least in (
@@ -134,14 +135,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     links = measure_links(args.workers, max(1, config.threads_per_worker), args.timeout)
-    profile = hardware_profile(name, links, workload, step_s, max(1, config.threads_per_worker))
-    write_calibration(out, profile, workload, {"all_reduce_points": links.points})
+    print("tether: timing the parameter server's wire on 2 local ranks", file=sys.stderr)
+    wire = measure_server_wire(args.timeout)
+    threads = max(1, config.threads_per_worker)
+    profile = hardware_profile(name, links, workload, step_s, threads, wire)
+    extra = {"all_reduce_points": links.points, "server_wire_round_trips": wire.points}
+    write_calibration(out, profile, workload, extra)
     print(
         f"alpha {links.alpha * 1e6:.1f} us, beta {links.beta * 1e9:.3f} ns/B "
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
         f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
         f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop), "
-        f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved"
+        f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
+        f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
     )
     print(f"tether: wrote {out} (tether predict --profile {out})", file=sys.stderr)
     return 0

@@ -66,6 +66,10 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     assert data["workload"]["model"] == "mlp" and data["workload"]["batch_size"] == 32
     assert data["workload"]["data_s"] >= 0  # the training loop's own cost, timed
     assert len(data["all_reduce_points"]) == 6  # native all-reduce at 4 KiB .. 16 MiB
+    wire = hardware["server_wire"]  # the parameter server's socket wire, timed on 2 ranks
+    assert wire["alpha"]["value"] > 0 and "socket-wire round trips" in wire["alpha"]["source"]
+    trips = data["server_wire_round_trips"]
+    assert len(trips) == 5 and all(seconds > 0 for _, seconds in trips)
     capsys.readouterr()
     argv = ["predict", "--profile", str(profile), "--model", "mlp", "--dataset", "digits"]
     argv += ["--batch-size", "64", "--workers", "1,2", "--out", str(tmp_path / "p")]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
+from tether.bench.calibrate import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import profile_from_dict
@@ -172,3 +173,43 @@ def test_time_model_measures_a_user_model() -> None:
     assert workload.batch_size == 16
     back = Workload.from_dict(workload.to_dict())
     assert back == workload
+
+
+def test_a_measured_server_wire_prices_the_server_messages() -> None:
+    """With ``server_wire`` in the profile a server method's push and reply cost its alpha and
+    beta, not the collectives' link; the collective methods are unchanged; it survives the
+    profile's JSON."""
+    wire_a, wire_b = 3 * A, 2 * B
+    data = _profile()
+    data["server_wire"] = {
+        "alpha": {"value": wire_a, "source": "t"},
+        "beta": {"value": wire_b, "source": "t"},
+    }
+    wired = profile_from_dict(data)
+    assert profile_from_dict(wired.to_dict()) == wired
+    assert "server_wire" not in PROFILE.to_dict()
+    p = 8
+    m = wire_a + MODEL_BYTES * wire_b
+    service = 2 * MODEL_BYTES * G + A
+    per_step = max(COMPUTE + 2 * m + service, p * service)
+    assert predict(WORKLOAD, "async-sgd", p, wired).iteration_s == pytest.approx(per_step)
+    assert predict(WORKLOAD, "async-sgd", p, wired).iteration_s != pytest.approx(
+        predict(WORKLOAD, "async-sgd", p, PROFILE).iteration_s
+    )
+    for method in ("sync-sgd", "sync-easgd", "local-sgd"):
+        assert predict(WORKLOAD, method, p, wired).iteration_s == pytest.approx(
+            predict(WORKLOAD, method, p, PROFILE).iteration_s
+        )
+
+
+def test_the_link_fits_recover_alpha_and_beta() -> None:
+    """Exact points of ``t = m*a + k*n*b`` give back a and b: the ring fit (all-reduce) and the
+    round-trip fit (the server's wire: two messages of n bytes)."""
+    sizes = [4096.0, 65536.0, 1 << 20, 1 << 24]
+    for world in (2, 4):
+        ring_points = [(n, 2 * (world - 1) * A + 2 * (world - 1) / world * n * B) for n in sizes]
+        assert fit_ring(ring_points, world) == pytest.approx((A, B), rel=1e-6)
+    trips = [(n, 2 * (A + n * B)) for n in sizes]
+    assert fit_alpha_beta(trips, messages=2, bytes_factor=2) == pytest.approx((A, B), rel=1e-6)
+    with pytest.raises(TetherError, match="two timed sizes"):
+        fit_alpha_beta(trips[:1], messages=2, bytes_factor=2)

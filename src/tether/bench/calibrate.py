@@ -20,12 +20,15 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from tether.bench.workload import measure_workload
+
+if TYPE_CHECKING:
+    from tether.bench.server_wire import WireFit
 from tether.errors import TetherError
 from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
@@ -46,14 +49,20 @@ class LinkFit:
 
 
 def fit_ring(points: list[tuple[float, float]], world: int) -> tuple[float, float]:
-    """Least squares of ``t = 2(P-1)a + 2(P-1)/P*n*b`` over (bytes, seconds) points, relative
-    (each point weighted by 1/t, so the small sizes count as much as the large ones); a and b
-    are kept >= 0."""
-    x1 = 2 * (world - 1)
-    rows = [(x1 / t, 2 * (world - 1) / world * n / t, 1.0) for n, t in points if t > 0]
+    """Least squares of ``t = 2(P-1)a + 2(P-1)/P*n*b`` over (bytes, seconds) points."""
+    return fit_alpha_beta(points, 2 * (world - 1), 2 * (world - 1) / world)
+
+
+def fit_alpha_beta(
+    points: list[tuple[float, float]], messages: float, bytes_factor: float
+) -> tuple[float, float]:
+    """Least squares of ``t = messages*a + bytes_factor*n*b`` over (bytes, seconds) points,
+    relative (each point weighted by 1/t, so the small sizes count as much as the large ones);
+    a and b are kept >= 0."""
+    rows = [(messages / t, bytes_factor * n / t) for n, t in points if t > 0]
     if len(rows) < 2:
         raise TetherError("the link fit needs at least two timed sizes")
-    a_matrix = torch.tensor([[r[0], r[1]] for r in rows], dtype=torch.float64)
+    a_matrix = torch.tensor(rows, dtype=torch.float64)
     ones = torch.ones(len(rows), 1, dtype=torch.float64)
     solution = torch.linalg.lstsq(a_matrix, ones).solution.flatten()
     alpha, beta = (max(0.0, float(v)) for v in solution)
@@ -88,10 +97,16 @@ def measure_links(workers: int, threads: int, timeout_s: float) -> LinkFit:
 
 
 def hardware_profile(
-    name: str, links: LinkFit, workload: Workload, step_s: float, threads: int
+    name: str,
+    links: LinkFit,
+    workload: Workload,
+    step_s: float,
+    threads: int,
+    wire: WireFit | None = None,
 ) -> HardwareProfile:
     """The running machine as a profile: one node holding every local worker, its usable cores,
-    the fitted links, and the achieved FLOP/s of the timed model."""
+    the fitted links (and the parameter server's wire, ``wire``), and the achieved FLOP/s of the
+    timed model."""
     where = f"tether calibrate on {socket.gethostname()}, {links.when}"
     fit = (
         f"{where}: ring formula fitted to native all-reduce times on {links.workers} ranks "
@@ -105,6 +120,13 @@ def hardware_profile(
             "product?): the profile's achieved FLOP/s cannot be measured with it"
         )
     link = Link(Sourced(links.alpha, fit), Sourced(links.beta, fit))
+    server_wire = None
+    if wire is not None:
+        sizes = ", ".join(
+            f"{n / 2**20:.0f}MB" if n >= 2**20 else f"{n / 1024:.0f}KB" for n, _ in wire.points
+        )
+        wire_fit = f"{where}: t = 2(a + n*b) fitted to socket-wire round trips at {sizes}"
+        server_wire = Link(Sourced(wire.alpha, wire_fit), Sourced(wire.beta, wire_fit))
     return HardwareProfile(
         name=name,
         description=f"{socket.gethostname()}: {cores} usable cores, every worker on this node, "
@@ -119,6 +141,7 @@ def hardware_profile(
             f"{where}: {workload.model} at batch {workload.batch_size}, 3x forward FLOPs "
             "(torch's count) over the timed training step",
         ),
+        server_wire=server_wire,
     )
 
 

@@ -47,6 +47,7 @@ class Links:
     inter_a: float
     inter_b: float
     ranks_per_node: int
+    server_wire: tuple[float, float] | None = None  # (a, b) of a server's messages in a node
 
     def nodes(self, world: int) -> int:
         return math.ceil(world / max(1, self.ranks_per_node))
@@ -116,9 +117,13 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
 
 
 def message_time(n_bytes: float, links: Links, crosses_nodes: bool) -> float:
-    """One point-to-point message (a parameter server's push or reply)."""
+    """One point-to-point message (a parameter server's push or reply): on the server's own
+    wire where the profile measured it, else on the collectives' link."""
     if crosses_nodes:
         return links.inter_a + n_bytes * links.inter_b
+    if links.server_wire is not None:
+        alpha, beta = links.server_wire
+        return alpha + n_bytes * beta
     return links.a + n_bytes * links.b
 
 

@@ -110,6 +110,11 @@ def links_of(profile: HardwareProfile, ranks_per_node: int = 0) -> Links:
         inter_a=profile.inter.alpha.value,
         inter_b=profile.inter.beta.value,
         ranks_per_node=ranks_per_node or profile.ranks_per_node,
+        server_wire=(
+            (profile.server_wire.alpha.value, profile.server_wire.beta.value)
+            if profile.server_wire is not None
+            else None
+        ),
     )
 
 

@@ -60,6 +60,9 @@ class HardwareProfile:
     inter: Link
     gamma: Sourced
     flops: Sourced  # achieved FLOP/s of one worker in a training step
+    # The parameter server's push/reply wire inside a node (a message of n bytes), where it was
+    # measured (`tether calibrate`); without it those messages are priced with ``intra``.
+    server_wire: Link | None = None
 
     def link(self, crosses_nodes: bool) -> Link:
         return self.inter if crosses_nodes else self.intra
@@ -68,16 +71,22 @@ class HardwareProfile:
         def sourced(s: Sourced) -> dict[str, Any]:
             return {"value": s.value, "source": s.source}
 
-        return {
+        def link(k: Link) -> dict[str, Any]:
+            return {"alpha": sourced(k.alpha), "beta": sourced(k.beta)}
+
+        data = {
             "name": self.name,
             "description": self.description,
             "ranks_per_node": self.ranks_per_node,
             "cores_per_node": self.cores_per_node,
-            "intra": {"alpha": sourced(self.intra.alpha), "beta": sourced(self.intra.beta)},
-            "inter": {"alpha": sourced(self.inter.alpha), "beta": sourced(self.inter.beta)},
+            "intra": link(self.intra),
+            "inter": link(self.inter),
             "gamma": sourced(self.gamma),
             "flops": sourced(self.flops),
         }
+        if self.server_wire is not None:
+            data["server_wire"] = link(self.server_wire)
+        return data
 
 
 def _field(data: dict[str, Any], path: str, where: str) -> Any:
@@ -122,15 +131,20 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
     flops = _sourced(data, "flops", where)
     if flops.value <= 0:
         raise TetherError(f"profile {where}: 'flops' must be > 0")
+
+    def link(level: str) -> Link:
+        return Link(_sourced(data, f"{level}.alpha", where), _sourced(data, f"{level}.beta", where))
+
     return HardwareProfile(
         name=str(_field(data, "name", where)),
         description=str(_field(data, "description", where)),
         ranks_per_node=counts["ranks_per_node"],
         cores_per_node=counts["cores_per_node"],
-        intra=Link(_sourced(data, "intra.alpha", where), _sourced(data, "intra.beta", where)),
-        inter=Link(_sourced(data, "inter.alpha", where), _sourced(data, "inter.beta", where)),
+        intra=link("intra"),
+        inter=link("inter"),
         gamma=_sourced(data, "gamma", where),
         flops=flops,
+        server_wire=link("server_wire") if "server_wire" in data else None,
     )
 
 
