@@ -26,13 +26,13 @@ import torch
 from torch import nn
 
 from tether.bench.workload import measure_workload
-
-if TYPE_CHECKING:
-    from tether.bench.server_wire import WireFit
 from tether.errors import TetherError
 from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
 from tether.perf.workload import Workload
+
+if TYPE_CHECKING:  # server_wire imports this module's fit
+    from tether.bench.server_wire import WireFit
 
 LINK_SIZES = ("4KB", "64KB", "256KB", "1MB", "4MB", "16MB")  # KB, MB: powers of 1024
 ONE_NODE = 64  # local ranks: every worker of a local run shares this node

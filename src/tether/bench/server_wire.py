@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.bench.calibrate import fit_alpha_beta
 from tether.comm.header import MessageKind
 from tether.comm.messages import MessageProtocol
 from tether.comm.transport import TorchTransport
 from tether.comm.wire_setup import open_socket_wire
+from tether.launch.spawn import run_spawned
 
 WIRE_SIZES = (1024, 16_384, 65_536, 262_144, 1_048_576)  # floats: 4 KB to 4 MB
 LOOPBACK = "127.0.0.1"
@@ -79,9 +81,6 @@ class WireFit:
 
 def measure_server_wire(timeout_s: float, exchanges: int = 50) -> WireFit:
     """Time the socket wire's round trips on two local ranks and fit ``t = 2(a + n*b)``."""
-    from tether.bench.calibrate import fit_alpha_beta
-    from tether.launch.spawn import run_spawned
-
     medians = run_spawned(_time_wire, 2, WIRE_SIZES, exchanges, timeout_s=timeout_s)[1]
     points = [(4.0 * n, seconds) for n, seconds in sorted(medians.items())]
     alpha, beta = fit_alpha_beta(points, messages=2, bytes_factor=2)
