@@ -5,8 +5,8 @@ of the flat parameter vector to the server and the server's reply of the same si
 header-checked socket wire the methods use (:mod:`tether.comm.socket_wire`). Two local ranks time
 round trips at several sizes; the fit of ``t = 2(a + n*b)`` gives the profile's ``server_wire``
 link, which prices those messages (:func:`tether.perf.collective_cost.message_time`) instead of
-the collective link fitted to gloo's all-reduce: on the 2-core development VM a LeNet-5-sized
-round trip took 0.74 ms on the socket wire where that link priced it at 1.2 ms.
+the collective link fitted to gloo's all-reduce: a point-to-point message on its own TCP
+connection does not pay a collective round's costs (benchmarks/results/ps_wire_*.md).
 """
 
 from __future__ import annotations
