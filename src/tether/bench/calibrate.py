@@ -20,19 +20,18 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from tether.bench.link_fit import fit_ring
+from tether.bench.server_wire import WireFit
 from tether.bench.workload import measure_workload
 from tether.errors import TetherError
 from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
 from tether.perf.workload import Workload
-
-if TYPE_CHECKING:  # server_wire imports this module's fit
-    from tether.bench.server_wire import WireFit
 
 LINK_SIZES = ("4KB", "64KB", "256KB", "1MB", "4MB", "16MB")  # KB, MB: powers of 1024
 ONE_NODE = 64  # local ranks: every worker of a local run shares this node
@@ -46,27 +45,6 @@ class LinkFit:
     workers: int
     points: list[tuple[float, float]]  # (bytes, seconds) of native all-reduce
     when: str
-
-
-def fit_ring(points: list[tuple[float, float]], world: int) -> tuple[float, float]:
-    """Least squares of ``t = 2(P-1)a + 2(P-1)/P*n*b`` over (bytes, seconds) points."""
-    return fit_alpha_beta(points, 2 * (world - 1), 2 * (world - 1) / world)
-
-
-def fit_alpha_beta(
-    points: list[tuple[float, float]], messages: float, bytes_factor: float
-) -> tuple[float, float]:
-    """Least squares of ``t = messages*a + bytes_factor*n*b`` over (bytes, seconds) points,
-    relative (each point weighted by 1/t, so the small sizes count as much as the large ones);
-    a and b are kept >= 0."""
-    rows = [(messages / t, bytes_factor * n / t) for n, t in points if t > 0]
-    if len(rows) < 2:
-        raise TetherError("the link fit needs at least two timed sizes")
-    a_matrix = torch.tensor(rows, dtype=torch.float64)
-    ones = torch.ones(len(rows), 1, dtype=torch.float64)
-    solution = torch.linalg.lstsq(a_matrix, ones).solution.flatten()
-    alpha, beta = (max(0.0, float(v)) for v in solution)
-    return alpha, beta
 
 
 def measure_links(workers: int, threads: int, timeout_s: float) -> LinkFit:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.bench.calibrate import fit_alpha_beta
+from tether.bench.link_fit import fit_alpha_beta
 from tether.comm.header import MessageKind
 from tether.comm.messages import MessageProtocol
 from tether.comm.transport import TorchTransport
