@@ -1,6 +1,7 @@
 """The performance model against measurements on this machine: predicted vs measured iteration time.
 
-Part ``iterations``. Each model is first calibrated (``tether calibrate``: its layers timed, the
+Part ``iterations``. Each model is first calibrated (``tether calibrate``: its layers and the
+training loop on one worker sampled three times over the calibration and the median kept, the
 links fitted to native all-reduce on 2 ranks); then for each method variant and worker count the
 model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
 the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model):
@@ -45,6 +46,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
+from tether.bench.calibrate import median_sample
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
@@ -63,6 +65,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
 # the CNN: ten timed steps between the two runs (six left one noisy step a large share)
 STEPS = {"lenet5": (20, 120), "cnn": (2, 12), "user-mlp": (20, 220)}
 BATCH = 64
+CALIBRATION_RUNS = 3  # tether calibrate's default --loop-runs, for the user's model too
 
 
 def user_mlp() -> nn.Module:
@@ -172,15 +175,23 @@ def measure_cells(
             torch.manual_seed(0)
             net, data = user_mlp(), user_data()
             x, y = data.tensors[0][:BATCH], data.tensors[1][:BATCH]
-            timed = tether.time_model(
-                net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
-            )
-            # the training loop's own cost per step (here: the DataLoader collating 64 samples),
-            # measured as tether calibrate measures it, on one worker
+            # the layers and the training loop's own cost per step (here: the DataLoader
+            # collating 64 samples), each sampled as tether calibrate samples them, on one
+            # worker, and the median kept
             n1, n2 = STEPS[model]
-            loops = [measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{n}") for n in (n1, n2)]
-            loop = (loops[1] - loops[0]) / (n2 - n1)
-            own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
+            layer_samples, loop_samples = [], []
+            for run in range(CALIBRATION_RUNS):
+                timed = tether.time_model(
+                    net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
+                )
+                own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
+                layer_samples.append((timed, own))
+                loops = [
+                    measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{run}-{n}") for n in (n1, n2)
+                ]
+                loop_samples.append((loops[1] - loops[0]) / (n2 - n1))
+            timed, own = median_sample(layer_samples)
+            loop = statistics.median(loop_samples)
             profiles[model] = (profile, dataclasses.replace(timed, data_s=max(0.0, loop - own)))
         else:
             profiles[model] = calibrate(model, scratch)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tether.bench.calibrate import (
         hardware_profile,
         measure_links,
+        median_sample,
         trainer_step_s,
         write_calibration,
     )
@@ -110,6 +112,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         ("--workers", args.workers, 2),
         ("--repeats", args.repeats, 1),
         ("--loop-steps", args.loop_steps, 1),
+        ("--loop-runs", args.loop_runs, 1),
     ):
         if value < least:
             raise TetherError(f"{option} must be at least {least}, got {value}")
@@ -118,34 +121,62 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     config = _config(args)
     name = args.name or f"{socket.gethostname()}-calibrated"
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
-    print(f"tether: timing {config.model} at batch {config.batch_size}", file=sys.stderr)
-    workload, step_s = _timed_workload(config, name, args.repeats)
-    print("tether: timing the training loop on one worker", file=sys.stderr)
     train_argv = ["--model", config.model, "--dataset", config.dataset]
     train_argv += ["--batch-size", str(config.batch_size)]
     # the thread count the layers were timed with (alone on the node, a worker would get all)
     train_argv += ["--threads-per-worker", str(max(1, config.threads_per_worker))]
     train_argv += ["--data-dir", config.data_dir] if config.data_dir else []
-    with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
-        loop_s = trainer_step_s(train_argv, 10, 10 + args.loop_steps, Path(scratch))
-    # what the loop adds to the model's own step: the batch, bookkeeping, the metrics line
-    workload = dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s))
+    layer_samples: list[tuple[Any, float]] = []
+    loop_samples: list[float] = []
+
+    def time_compute() -> None:
+        """One sample of the model's step (layer by layer) and of the training loop's."""
+        run = len(loop_samples) + 1
+        print(
+            f"tether: timing {config.model} at batch {config.batch_size} and the training "
+            f"loop on one worker ({run} of {args.loop_runs})",
+            file=sys.stderr,
+        )
+        layer_samples.append(_timed_workload(config, name, args.repeats))
+        with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
+            loop_samples.append(trainer_step_s(train_argv, 10, 10 + args.loop_steps, Path(scratch)))
+
+    # The compute is sampled between the other measurements, so that its samples span the
+    # whole calibration: a shared machine's speed drifts over tens of seconds, and the median
+    # of samples taken tens of seconds apart stands for its typical speed where one sample may not.
+    time_compute()
     print(
         f"tether: timing native all-reduce on {args.workers} local ranks (seconds)",
         file=sys.stderr,
     )
     links = measure_links(args.workers, max(1, config.threads_per_worker), args.timeout)
+    if len(loop_samples) < args.loop_runs:
+        time_compute()
     print("tether: timing the parameter server's wire on 2 local ranks", file=sys.stderr)
     wire = measure_server_wire(args.timeout)
+    while len(loop_samples) < args.loop_runs:
+        time_compute()
+    workload, step_s = median_sample(layer_samples)
+    loop_s = statistics.median(loop_samples)
+    # what the loop adds to the model's own step: the batch, bookkeeping, the metrics line
+    workload = dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s))
     threads = max(1, config.threads_per_worker)
     profile = hardware_profile(name, links, workload, step_s, threads, wire)
-    extra = {"all_reduce_points": links.points, "server_wire_round_trips": wire.points}
+    extra = {
+        "all_reduce_points": links.points,
+        "server_wire_round_trips": wire.points,
+        # every sample, in the order taken: the spread says how steady the machine was
+        "model_step_s": [step for _, step in layer_samples],
+        "training_loop_step_s": loop_samples,
+    }
     write_calibration(out, profile, workload, extra)
     print(
         f"alpha {links.alpha * 1e6:.1f} us, beta {links.beta * 1e9:.3f} ns/B "
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
         f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
-        f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop), "
+        f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop; the loop "
+        f"{min(loop_samples) * 1e3:.2f}-{max(loop_samples) * 1e3:.2f} ms/step over "
+        f"{len(loop_samples)} runs), "
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
     )
@@ -324,6 +355,13 @@ def add_perf_parsers(sub: Any) -> None:
     calibrate.add_argument("--repeats", type=int, default=20, help="timed steps (default 20)")
     calibrate.add_argument(
         "--loop-steps", type=int, default=60, help="training-loop steps timed (default 60)"
+    )
+    calibrate.add_argument(
+        "--loop-runs",
+        type=int,
+        default=3,
+        help="samples of the model's step and the training loop, spread over the calibration; "
+        "the median counts (default 3)",
     )
     calibrate.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
     calibrate.add_argument("--out", metavar="FILE", help="default runs/calibrate-TIME/profile.json")

@@ -22,6 +22,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from tests.conftest import listening_sockets_of, requires_fashion_mnist, run_cli
+from tether.cli import main as cli_main
 from tether.data.sharding import GlobalBatchSampler
 from tether.errors import TetherError
 from tether.methods import METHODS
@@ -260,20 +261,29 @@ def test_cli_trains_the_users_components_by_import_path(tmp_path: Path) -> None:
     assert "test loss" in result.stdout and "mae" in result.stdout
 
 
-def test_cli_refuses_a_bad_import_path_in_one_line(tmp_path: Path) -> None:
+def test_cli_refuses_a_bad_import_path_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In this process (a subprocess per refusal cost 3 s of torch's import each): the CLI puts
+    # the working directory on sys.path, as `python -m tether` run there would have it.
     (tmp_path / "mytask.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     for option, value, message in (
         ("--model", "mytask:nope", "module mytask has no attribute 'nope'"),
         ("--dataset", "missing_module:load", "no module named 'missing_module'"),
         ("--loss", "mytask", "unknown loss 'mytask'; valid losses"),
         ("--loss", "mytask:per_sample", "must return a scalar tensor, got a tensor of shape"),
     ):
-        command = [sys.executable, "-m", "tether", "train", option, value]
+        argv = ["train", option, value, "--no-progress"]
         if value == "mytask:per_sample":  # the dry run needs the user's model and data too
-            command += ["--model", "mytask:build", "--dataset", "mytask:load"]
-        result = _run(command, cwd=tmp_path)
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+            argv += ["--model", "mytask:build", "--dataset", "mytask:load"]
+        try:
+            assert cli_main(argv) == 2
+        finally:
+            sys.modules.pop("mytask", None)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
 
 
 def test_a_setting_the_method_ignores_is_named(tmp_path: Path) -> None:

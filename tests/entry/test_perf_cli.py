@@ -56,9 +56,12 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
 def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--batch-size", "32"]
-    argv += ["--repeats", "5", "--loop-steps", "10"]
+    argv += ["--repeats", "5", "--loop-steps", "10", "--loop-runs", "2"]
     assert main([*argv, "--out", str(profile)]) == 0
     data = json.loads(profile.read_text())
+    # two samples of the model's step and of the training loop, spread over the calibration
+    assert len(data["model_step_s"]) == 2 and len(data["training_loop_step_s"]) == 2
+    assert all(seconds > 0 for seconds in data["training_loop_step_s"])
     hardware = data["hardware"]
     assert hardware["intra"]["alpha"]["value"] > 0 and hardware["intra"]["beta"]["value"] > 0
     assert "native all-reduce" in hardware["intra"]["alpha"]["source"]
@@ -91,7 +94,12 @@ def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     assert "sync-sgd" in line and "async-sgd" in line
     line = _error_line(capsys, ["simulate", "--workers", "0"])
     assert "workers" in line
-    for option, value in (("--loop-steps", "0"), ("--repeats", "0"), ("--workers", "1")):
+    for option, value in (
+        ("--loop-steps", "0"),
+        ("--loop-runs", "0"),
+        ("--repeats", "0"),
+        ("--workers", "1"),
+    ):
         line = _error_line(capsys, ["calibrate", option, value])  # before any timing
         assert f"{option} must be at least" in line, line
     line = _error_line(capsys, ["calibrate", "--timeout", "nan"])

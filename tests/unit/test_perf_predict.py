@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
+from tether.bench.calibrate import median_sample
 from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
@@ -213,3 +214,16 @@ def test_the_link_fits_recover_alpha_and_beta() -> None:
     assert fit_alpha_beta(trips, messages=2, bytes_factor=2) == pytest.approx((A, B), rel=1e-6)
     with pytest.raises(TetherError, match="two timed sizes"):
         fit_alpha_beta(trips[:1], messages=2, bytes_factor=2)
+
+
+def test_the_calibration_keeps_the_timing_of_median_speed() -> None:
+    """Of several timings of the model's step, calibrate keeps the median one whole (its layers
+    together), so one timing in a fast or slow spell of the machine does not set the profile."""
+    from dataclasses import replace
+
+    samples = [(replace(WORKLOAD, data_s=s), s) for s in (0.030, 0.010, 0.050, 0.020, 0.040)]
+    workload, seconds = median_sample(samples)
+    assert seconds == 0.030 and workload.data_s == 0.030
+    assert median_sample(samples[:2])[1] == 0.010  # an even count: the lower middle one
+    with pytest.raises(TetherError, match="no timing"):
+        median_sample([])

@@ -147,6 +147,16 @@ def time_model(
     return workload, step + workload.update_s
 
 
+def median_sample(samples: list[tuple[Workload, float]]) -> tuple[Workload, float]:
+    """Of several timings of the same step (``(workload, seconds)``), the one of median total
+    time (the lower middle one of an even count): a whole timing, so its layers stay
+    consistent with each other."""
+    if not samples:
+        raise TetherError("no timing of the model's step to choose from")
+    ordered = sorted(samples, key=lambda sample: sample[1])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def trainer_step_s(train_argv: list[str], short: int, long: int, scratch: Path) -> float:
     """Seconds per step of ``tether train`` with ``train_argv`` on ONE worker (no
     communication), from one run of ``long`` steps: the training clock of its metrics lines
