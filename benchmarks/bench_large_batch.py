@@ -100,6 +100,33 @@ def cell_options(optimizer: str, batch: int, lr: float, args: argparse.Namespace
     return options
 
 
+def _cells(text: str) -> tuple[tuple[str, int], ...]:
+    cells = []
+    for item in filter(None, text.split(",")):
+        optimizer, _, batch = item.partition(":")
+        if optimizer not in OPTIMIZERS or not batch.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected optimizer:batch like lars:8192, got {item!r}"
+            )
+        cells.append((optimizer, int(batch)))
+    return tuple(cells)
+
+
+def _rates(text: str) -> dict[str, float]:
+    rates = {}
+    for item in filter(None, text.split(",")):
+        optimizer, _, lr = item.partition("=")
+        try:
+            rates[optimizer] = float(lr)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected optimizer=lr like lars=16, got {item!r}"
+            ) from None
+        if optimizer not in OPTIMIZERS:
+            raise argparse.ArgumentTypeError(f"unknown optimizer {optimizer!r} in {item!r}")
+    return rates
+
+
 def run_fit(options: dict[str, Any], out: Path, method: str = "sync-sgd", workers: int = 1) -> dict:
     """One ``tether.fit`` in its own interpreter (so two can run side by side)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -205,15 +232,16 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     def cell_runs(o: str, b: int) -> dict[str, Any]:
         """Tune at seed 0 (momentum takes the rule's rate), then the other seeds at the best rate;
         a thread per cell, the gate keeps ``--parallel`` runs going."""
+        start = args.start_lr.get(o, starting_lr(o, b))
         if o == "momentum":
-            tried = {starting_lr(o, b): job(o, b, starting_lr(o, b), 0)}
+            tried = {start: job(o, b, start, 0)}
         else:
-            tried = tune(lambda lr: job(o, b, lr, 0), starting_lr(o, b), GRID)
+            tried = tune(lambda lr: job(o, b, lr, 0), start, GRID)
         lr = best_rate(tried)
         seeds = [job(o, b, lr, seed) for seed in range(1, args.seeds)]
         return {"lr": lr, "runs": [tried[lr], *seeds], "grid": tried}
 
-    cells = [(o, b) for b in batches for o in OPTIMIZERS]
+    cells = [(o, b) for b in batches for o in OPTIMIZERS if not args.only or (o, b) in args.only]
     with ThreadPoolExecutor(max_workers=len(cells)) as pool:
         results = dict(zip(cells, pool.map(lambda c: cell_runs(*c), cells), strict=True))
 
@@ -223,7 +251,7 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     easgd: dict[str, dict[float, dict[str, Any]]] = {}
     easgd_runs = Runs(args.cells, scratch, 1, args.reuse)
     lars_4096 = results.get(("lars", 4096), {}).get("lr", starting_lr("lars", 4096))
-    for method in ("sync-easgd", "async-easgd"):
+    for method in ("sync-easgd", "async-easgd") if args.elastic else ():
 
         def elastic(lr: float, method: str = method) -> dict[str, Any]:
             options = {**cell_options("lars", 4096, lr, args), "batch_size": 512, "accumulate": 4}
@@ -234,6 +262,8 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
         easgd[method] = tune(elastic, lars_4096 / 2, EASGD_GRID)
 
     def cell(o: str, b: int) -> str:
+        if (o, b) not in results:
+            return "not run"
         finished = [r for r in results[(o, b)]["runs"] if r.get("accuracy") is not None]
         if not finished:
             return "failed"
@@ -250,14 +280,15 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     ]
     for b in batches:
         lines.append(f"| {b} | " + " | ".join(cell(o, b) for o in OPTIMIZERS) + " |")
-    lines += [
-        "",
-        "LARS under the elastic methods at 4096 (2 workers x 512 x accumulate 4, seed 0, the rate"
-        " tuned for them; one-process LARS at 4096 is in the table above):",
-        "",
-        "| method | rates tried (lr: final accuracy, best first) |",
-        "|---|---|",
-    ]
+    if easgd:
+        lines += [
+            "",
+            "LARS under the elastic methods at 4096 (2 workers x 512 x accumulate 4, seed 0, the rate"
+            " tuned for them; one-process LARS at 4096 is in the table above):",
+            "",
+            "| method | rates tried (lr: final accuracy, best first) |",
+            "|---|---|",
+        ]
     for method, tried in easgd.items():
         ranked = sorted(tried.items(), key=lambda kv: -(kv[1].get("accuracy") or 0.0))
         lines.append(
@@ -286,7 +317,8 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     for o in OPTIMIZERS:
         means = []
         for b in batches:
-            accs = [r["accuracy"] for r in results[(o, b)]["runs"] if r.get("accuracy") is not None]
+            runs_ob = results.get((o, b), {}).get("runs", [])
+            accs = [r["accuracy"] for r in runs_ob if r.get("accuracy") is not None]
             means.append(statistics.mean(accs) if accs else float("nan"))
         ax.plot(batches, means, marker="o", label=o)
     ax.set_xscale("log", base=2)
@@ -403,6 +435,25 @@ def main() -> None:
         help="JSON-lines file every run of part batches is appended to",
     )
     parser.add_argument("--reuse", action="store_true", help="read runs already in --cells back")
+    parser.add_argument(
+        "--only",
+        type=_cells,
+        default=(),
+        help="part batches: only these cells, as optimizer:batch,... (e.g. momentum:256,lars:8192)",
+    )
+    parser.add_argument(
+        "--start-lr",
+        type=_rates,
+        default={},
+        help="part batches: a cell's starting rate instead of the rule's, as optimizer=lr,... "
+        "(a tuned grid is centred there)",
+    )
+    parser.add_argument(
+        "--no-elastic",
+        dest="elastic",
+        action="store_false",
+        help="part batches: leave out LARS under sync-easgd and async-easgd",
+    )
     parser.add_argument("--stem", help="the result file's name (default: large_batch_PART)")
     args = parser.parse_args()
     info = machine()
