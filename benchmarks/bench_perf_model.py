@@ -1,8 +1,8 @@
 """The performance model against measurements on this machine: predicted vs measured iteration time.
 
 Part ``iterations``. Each model is first calibrated (``tether calibrate``: its layers and the
-training loop on one worker sampled three times over the calibration and the median kept, the
-links fitted to native all-reduce on 2 ranks); then for each method variant and worker count the
+training loop on one worker and on every core sampled three times over the calibration and the
+medians kept, the links fitted to native all-reduce on 2 ranks); then for each method variant and worker count the
 model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
 the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model):
 the difference of two runs of N1 and N2 steps, (T(N2) - T(N1)) / (N2 - N1), where T is a run's
@@ -46,7 +46,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
-from tether.bench.calibrate import median_sample
+from tether.bench.calibrate import busy_node_slowdown, median_sample
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
@@ -139,6 +139,18 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
     return step_loop_s(result.summary)
 
 
+def api_step_s(
+    method: str, workers: int, options: dict, steps: tuple[int, int], out: Path
+) -> float:
+    """Seconds per step of the user's model through ``tether.fit``: the difference of two runs
+    of ``steps`` steps."""
+    n1, n2 = steps
+    loops = [
+        measure_api(method, workers, n, options, out.with_name(f"{out.name}-{n}")) for n in steps
+    ]
+    return (loops[1] - loops[0]) / (n2 - n1)
+
+
 def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
     path = scratch / f"profile-{model}.json"
     command = [*tether_command(), "calibrate", "--model", model, "--name", "this-vm"]
@@ -179,20 +191,29 @@ def measure_cells(
             # collating 64 samples), each sampled as tether calibrate samples them, on one
             # worker, and the median kept
             n1, n2 = STEPS[model]
-            layer_samples, loop_samples = [], []
+            layer_samples, loop_samples, busy_samples = [], [], []
+
             for run in range(CALIBRATION_RUNS):
                 timed = tether.time_model(
                     net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
                 )
                 own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
                 layer_samples.append((timed, own))
-                loops = [
-                    measure_api("sync-sgd", 1, n, {}, scratch / f"loop-{run}-{n}") for n in (n1, n2)
-                ]
-                loop_samples.append((loops[1] - loops[0]) / (n2 - n1))
+                loop_samples.append(
+                    api_step_s("sync-sgd", 1, {}, (n1, n2), scratch / f"loop-{run}")
+                )
+                # every core busy with workers that do not communicate, as tether calibrate does
+                cores, quiet = profile.cores_per_node, {"tau": n2 + 1}
+                busy_samples.append(
+                    api_step_s("local-sgd", cores, quiet, (n1, n2), scratch / f"busy-{run}")
+                )
             timed, own = median_sample(layer_samples)
             loop = statistics.median(loop_samples)
-            profiles[model] = (profile, dataclasses.replace(timed, data_s=max(0.0, loop - own)))
+            busy = busy_node_slowdown(loop_samples, busy_samples, profile.cores_per_node, "bench")
+            profiles[model] = (
+                dataclasses.replace(profile, busy_node_slowdown=busy),
+                dataclasses.replace(timed, data_s=max(0.0, loop - own)),
+            )
         else:
             profiles[model] = calibrate(model, scratch)
         print(f"calibrated {model}", flush=True)
@@ -250,8 +271,21 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
         profiles, measured, load_line = measure_cells(
             models, cells, args.repeats, scratch, args.stem
         )
+    slowdowns = [
+        f"{m} {pw[0].busy_node_slowdown.value:.2f}x"
+        for m, pw in profiles.items()
+        if pw[0].busy_node_slowdown is not None
+    ]
     lines = [
         load_line,
+        "",
+        *(
+            [
+                f"Calibrated busy-node slowdown (every core running a worker): {', '.join(slowdowns)}."
+            ]
+            if slowdowns
+            else []
+        ),
         "",
         "| model | method | workers | predicted ms | measured ms (median) | range | error |",
         "|---|---|---|---|---|---|---|",

@@ -99,6 +99,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import tempfile
 
     from tether.bench.calibrate import (
+        ONE_NODE,
+        busy_node_slowdown,
         hardware_profile,
         measure_links,
         median_sample,
@@ -106,6 +108,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         write_calibration,
     )
     from tether.bench.server_wire import measure_server_wire
+    from tether.launch.partition import usable_cores
 
     # before minutes of timing: what would fail at its end
     for option, value, least in (
@@ -128,18 +131,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     train_argv += ["--data-dir", config.data_dir] if config.data_dir else []
     layer_samples: list[tuple[Any, float]] = []
     loop_samples: list[float] = []
+    busy_samples: list[float] = []
+    threads = max(1, config.threads_per_worker)
+    node_workers = min(ONE_NODE, len(usable_cores()) // threads)
 
     def time_compute() -> None:
-        """One sample of the model's step (layer by layer) and of the training loop's."""
+        """One sample of the model's step (layer by layer) and of the training loop's, alone
+        and with every core of the node running a worker."""
         run = len(loop_samples) + 1
         print(
             f"tether: timing {config.model} at batch {config.batch_size} and the training "
-            f"loop on one worker ({run} of {args.loop_runs})",
+            f"loop on 1 and {node_workers} workers ({run} of {args.loop_runs})",
             file=sys.stderr,
         )
         layer_samples.append(_timed_workload(config, name, args.repeats))
+        steps = (10, 10 + args.loop_steps)
         with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
-            loop_samples.append(trainer_step_s(train_argv, 10, 10 + args.loop_steps, Path(scratch)))
+            loop_samples.append(trainer_step_s(train_argv, *steps, Path(scratch)))
+            if node_workers > 1:  # right after, so that the pair sees the same machine
+                busy_samples.append(trainer_step_s(train_argv, *steps, Path(scratch), node_workers))
 
     # The compute is sampled between the other measurements, so that its samples span the
     # whole calibration: a shared machine's speed drifts over tens of seconds, and the median
@@ -160,14 +170,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     loop_s = statistics.median(loop_samples)
     # what the loop adds to the model's own step: the batch, bookkeeping, the metrics line
     workload = dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s))
-    threads = max(1, config.threads_per_worker)
-    profile = hardware_profile(name, links, workload, step_s, threads, wire)
+    busy = (
+        busy_node_slowdown(loop_samples, busy_samples, node_workers, links.when)
+        if busy_samples
+        else None
+    )
+    profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
     extra = {
         "all_reduce_points": links.points,
         "server_wire_round_trips": wire.points,
         # every sample, in the order taken: the spread says how steady the machine was
         "model_step_s": [step for _, step in layer_samples],
         "training_loop_step_s": loop_samples,
+        "busy_node_loop_step_s": busy_samples,
     }
     write_calibration(out, profile, workload, extra)
     print(
@@ -179,6 +194,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"{len(loop_samples)} runs), "
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
+        + (
+            f"; a busy node slows a worker {busy.value:.2f}x ({node_workers} workers)"
+            if busy is not None
+            else ""
+        )
     )
     print(f"tether: wrote {out} (tether predict --profile {out})", file=sys.stderr)
     return 0

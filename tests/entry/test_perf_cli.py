@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tether.cli import main
+from tether.launch.partition import usable_cores
 
 
 def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -56,12 +57,17 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
 def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--batch-size", "32"]
-    argv += ["--repeats", "5", "--loop-steps", "10", "--loop-runs", "2"]
+    argv += ["--repeats", "5", "--loop-steps", "10", "--loop-runs", "1"]
     assert main([*argv, "--out", str(profile)]) == 0
     data = json.loads(profile.read_text())
-    # two samples of the model's step and of the training loop, spread over the calibration
-    assert len(data["model_step_s"]) == 2 and len(data["training_loop_step_s"]) == 2
+    # one sample of the model's step, and of the training loop on one worker and on every core
+    # (how the samples are spread over a calibration: the test below)
+    assert len(data["model_step_s"]) == 1 and len(data["training_loop_step_s"]) == 1
     assert all(seconds > 0 for seconds in data["training_loop_step_s"])
+    if len(usable_cores()) > 1:
+        assert len(data["busy_node_loop_step_s"]) == 1 and data["busy_node_loop_step_s"][0] > 0
+        slowdown = data["hardware"]["busy_node_slowdown"]
+        assert slowdown["value"] >= 1 and "every core busy" in slowdown["source"]
     hardware = data["hardware"]
     assert hardware["intra"]["alpha"]["value"] > 0 and hardware["intra"]["beta"]["value"] > 0
     assert "native all-reduce" in hardware["intra"]["alpha"]["source"]
@@ -80,6 +86,54 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     assert "(timed layers)" in capsys.readouterr().out
     result = json.loads((tmp_path / "p" / "predict.json").read_text())
     assert result["workload"]["batch_size"] == 64  # the timed batch of 32, scaled
+
+
+def test_calibrate_spreads_its_compute_samples_over_the_calibration(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The model's step and the training loop (one worker, then every core) are sampled before
+    the links, between the links and the wire, and after the wire; the medians are kept. The
+    measurements are stand-ins here (the test above runs the real ones)."""
+    from tether import perf_commands
+    from tether.bench import calibrate, server_wire
+    from tether.launch import partition
+
+    order: list[str] = []
+    timed = perf_commands._timed_workload
+    loop_times = iter([0.002, 0.005, 0.004, 0.0044, 0.006, 0.0066])  # (1 worker, 2 workers) x 3
+
+    def layers(*args):
+        order.append("layers")
+        return timed(*args)
+
+    def loop(argv, short, long, scratch, workers=1):
+        order.append(f"loop x{workers}")
+        return next(loop_times)
+
+    def links(workers, threads, timeout_s):
+        order.append("links")
+        return calibrate.LinkFit(1e-4, 1e-9, 1e-10, workers, [(4096.0, 1e-3)], "now")
+
+    def wire(timeout_s):
+        order.append("wire")
+        return server_wire.WireFit(1e-4, 1e-9, [(4096.0, 1e-3), (8192.0, 2e-3)], "now")
+
+    monkeypatch.setattr(perf_commands, "_timed_workload", layers)
+    monkeypatch.setattr(calibrate, "trainer_step_s", loop)
+    monkeypatch.setattr(calibrate, "measure_links", links)
+    monkeypatch.setattr(server_wire, "measure_server_wire", wire)
+    monkeypatch.setattr(partition, "usable_cores", lambda: [0, 1])
+    out = tmp_path / "profile.json"
+    argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
+    assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0
+    sample = ["layers", "loop x1", "loop x2"]
+    assert order == [*sample, "links", *sample, "wire", *sample]
+    data = json.loads(out.read_text())
+    assert data["training_loop_step_s"] == [0.002, 0.004, 0.006]
+    assert data["busy_node_loop_step_s"] == [0.005, 0.0044, 0.0066]
+    # the median pair ratio (2.5, 1.1, 1.1), not the ratio of the medians (0.005 / 0.004)
+    assert data["hardware"]["busy_node_slowdown"]["value"] == pytest.approx(1.1)
+    assert "a busy node slows a worker 1.10x (2 workers)" in capsys.readouterr().out
 
 
 def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:

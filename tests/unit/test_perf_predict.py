@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
-from tether.bench.calibrate import median_sample
+from tether.bench.calibrate import busy_node_slowdown, median_sample
 from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
@@ -227,3 +227,33 @@ def test_the_calibration_keeps_the_timing_of_median_speed() -> None:
     assert median_sample(samples[:2])[1] == 0.010  # an even count: the lower middle one
     with pytest.raises(TetherError, match="no timing"):
         median_sample([])
+
+
+def test_a_busy_node_slows_workers_on_cores_of_their_own() -> None:
+    """The profile's measured ``busy_node_slowdown`` applies in full when every core runs a
+    worker, in proportion to the other cores in use before that, on top of core sharing; it does
+    not stop the overlap (no core is shared)."""
+    data = {**_profile(cores=4), "busy_node_slowdown": {"value": 1.3, "source": "test"}}
+    busy, plain = profile_from_dict(data), profile_from_dict(_profile(cores=4))
+    alone = predict(WORKLOAD, "local-sgd", 1, busy, tau=4)
+    assert alone.iteration_s == pytest.approx(predict(WORKLOAD, "local-sgd", 1, plain).iteration_s)
+    four = predict(WORKLOAD, "local-sgd", 4, busy, tau=4)
+    assert four.details["neighbour_slowdown"] == pytest.approx(1.3)
+    assert four.compute_s == pytest.approx(1.3 * COMPUTE)
+    two = predict(WORKLOAD, "local-sgd", 2, busy, tau=4)  # one of the three other cores busy
+    assert two.details["neighbour_slowdown"] == pytest.approx(1.1)
+    eight = predict(WORKLOAD, "local-sgd", 8, busy, tau=4)  # two workers a core, all cores busy
+    assert eight.details["compute_slowdown"] == pytest.approx(2 * 1.3)
+    assert predict(WORKLOAD, "sync-easgd", 4, busy, tau=4).details["overlap_effective"] is True
+    assert profile_from_dict(busy.to_dict()).busy_node_slowdown == busy.busy_node_slowdown
+    with pytest.raises(TetherError, match="'busy_node_slowdown' must be >= 1"):
+        profile_from_dict({**data, "busy_node_slowdown": {"value": 0.8, "source": "t"}})
+
+
+def test_the_busy_node_slowdown_is_the_median_of_paired_samples() -> None:
+    """Each busy-node sample is divided by the one-worker sample taken just before it (the
+    machine's drift cancels in a pair); the median of the ratios, at least 1."""
+    measured = busy_node_slowdown([0.010, 0.020, 0.010], [0.012, 0.030, 0.011], 2, "now")
+    assert measured.value == pytest.approx(1.2)  # ratios 1.2, 1.5, 1.1
+    assert "median of 3 pairs (1.100-1.500)" in measured.source
+    assert busy_node_slowdown([0.010], [0.009], 2, "now").value == 1.0  # noise, not a speed-up

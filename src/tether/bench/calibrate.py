@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import socket
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,10 +82,11 @@ def hardware_profile(
     step_s: float,
     threads: int,
     wire: WireFit | None = None,
+    busy: Sourced | None = None,
 ) -> HardwareProfile:
     """The running machine as a profile: one node holding every local worker, its usable cores,
-    the fitted links (and the parameter server's wire, ``wire``), and the achieved FLOP/s of the
-    timed model."""
+    the fitted links (and the parameter server's wire, ``wire``), the achieved FLOP/s of the
+    timed model and how much a busy node slows a worker (``busy``)."""
     where = f"tether calibrate on {socket.gethostname()}, {links.when}"
     fit = (
         f"{where}: ring formula fitted to native all-reduce times on {links.workers} ranks "
@@ -120,6 +122,7 @@ def hardware_profile(
             "(torch's count) over the timed training step",
         ),
         server_wire=server_wire,
+        busy_node_slowdown=busy,
     )
 
 
@@ -157,17 +160,24 @@ def median_sample(samples: list[tuple[Workload, float]]) -> tuple[Workload, floa
     return ordered[(len(ordered) - 1) // 2]
 
 
-def trainer_step_s(train_argv: list[str], short: int, long: int, scratch: Path) -> float:
-    """Seconds per step of ``tether train`` with ``train_argv`` on ONE worker (no
-    communication), from one run of ``long`` steps: the training clock of its metrics lines
+def trainer_step_s(
+    train_argv: list[str], short: int, long: int, scratch: Path, workers: int = 1
+) -> float:
+    """Seconds per step of ``tether train`` with ``train_argv`` on ``workers`` workers that do
+    not communicate (one worker's sync-sgd; for several, local-sgd with a period longer than the
+    run), from one run of ``long`` steps: rank 0's training clock in its metrics lines
     (``time_s``) between steps ``short`` and ``long``, so that start-up, the first steps'
     warm-up and the final evaluation are left out."""
     import subprocess
     import sys
 
-    out = scratch / "train"
-    command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", "1"]
-    command += ["--method", "sync-sgd", "--steps", str(long), "--eval-every", "1000000000"]
+    out = scratch / f"train-{workers}"
+    command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", str(workers)]
+    if workers == 1:
+        command += ["--method", "sync-sgd"]
+    else:
+        command += ["--method", "local-sgd", "--tau", str(long + 1)]
+    command += ["--steps", str(long), "--eval-every", "1000000000"]
     result = subprocess.run(
         [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
     )
@@ -180,6 +190,21 @@ def trainer_step_s(train_argv: list[str], short: int, long: int, scratch: Path) 
         if "time_s" in entry and "loss" in entry and entry.get("step") in (short, long):
             clock[entry["step"]] = float(entry["time_s"])
     return max(0.0, (clock[long] - clock[short]) / (long - short))
+
+
+def busy_node_slowdown(single: list[float], busy: list[float], workers: int, when: str) -> Sourced:
+    """The profile's ``busy_node_slowdown``: the median over paired samples (each busy-node
+    sample taken right after its one-worker sample, so the machine's drift cancels in the pair)
+    of busy / single, at least 1."""
+    ratios = [b / s for s, b in zip(single, busy, strict=True) if s > 0]
+    if not ratios:
+        raise TetherError("no one-worker step time to compare the busy node's with")
+    return Sourced(
+        max(1.0, statistics.median(ratios)),
+        f"{when}: the training loop's step on {workers} workers that do not communicate (every "
+        f"core busy) over one worker's, median of {len(ratios)} pairs "
+        f"({min(ratios):.3f}-{max(ratios):.3f})",
+    )
 
 
 def write_calibration(

@@ -19,7 +19,9 @@ method's communication:
 
 Workers that share a node's cores compute slower in proportion (``cores_per_node``; a parameter
 server takes the share of a core it is busy, its utilisation), and on an oversubscribed node
-nothing overlaps: the cores that would hide the communication are busy.
+nothing overlaps: the cores that would hide the communication are busy. Workers on cores of
+their own still slow each other by what the cores share, where the profile measured it
+(``busy_node_slowdown``).
 """
 
 from __future__ import annotations
@@ -125,6 +127,21 @@ def _slowdown(profile: HardwareProfile, setup: Setup, links: Links, server_share
         return 1.0
     busy = min(setup.workers, links.ranks_per_node) * setup.threads_per_worker + server_share
     return max(1.0, busy / profile.cores_per_node)
+
+
+def _neighbour_slowdown(profile: HardwareProfile, setup: Setup, links: Links) -> float:
+    """How much slower a worker computes because workers on the node's other cores compete for
+    what the cores share (caches, memory bandwidth, clocks): the profile's measured
+    ``busy_node_slowdown`` when every core runs a worker, in proportion to the other cores in
+    use before that (a parameter server's part of a core is left out: it is busy for short
+    spells). 1 where the profile did not measure it."""
+    cores = profile.cores_per_node
+    if profile.busy_node_slowdown is None or cores <= setup.threads_per_worker:
+        return 1.0
+    on_node = min(setup.workers, links.ranks_per_node) * setup.threads_per_worker
+    others = min(on_node, cores) - setup.threads_per_worker
+    fraction = others / (cores - setup.threads_per_worker)
+    return 1.0 + (profile.busy_node_slowdown.value - 1.0) * max(0.0, fraction)
 
 
 def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dict[str, Any]:
@@ -251,7 +268,8 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
     if setup.workers < 1 or setup.tau < 1:
         raise TetherError("workers and tau must be at least 1")
     links = links_of(profile, setup.ranks_per_node)
-    alone = workload.step_times(profile)
+    neighbours = _neighbour_slowdown(profile, setup, links)
+    alone = workload.step_times(profile).slowed(neighbours)  # a core of its own, on a busy node
     if setup.method in SERVER_METHODS and not setup.method.startswith("hogwild"):
         slow = _server_slowdown(alone, profile, setup, links)
     else:
@@ -259,7 +277,11 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
     steps = alone.slowed(slow)
     # an oversubscribed node has no idle core to run the communication beside the compute
     overlap = setup.overlap and slow <= 1.0
-    details: dict[str, Any] = {"compute_slowdown": slow, "overlap_effective": overlap}
+    details: dict[str, Any] = {
+        "compute_slowdown": slow * neighbours,
+        "neighbour_slowdown": neighbours,
+        "overlap_effective": overlap,
+    }
     if setup.method == "sync-sgd":
         found = _sync_sgd(steps, setup, links, overlap)
         it = found.pop("iteration")

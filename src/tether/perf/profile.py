@@ -63,6 +63,10 @@ class HardwareProfile:
     # The parameter server's push/reply wire inside a node (a message of n bytes), where it was
     # measured (`tether calibrate`); without it those messages are priced with ``intra``.
     server_wire: Link | None = None
+    # How much slower one worker's training step is when every core of the node runs a worker
+    # (a ratio >= 1: shared caches, memory bandwidth, clocks), where it was measured (`tether
+    # calibrate`); without it a worker computes as fast beside others as alone.
+    busy_node_slowdown: Sourced | None = None
 
     def link(self, crosses_nodes: bool) -> Link:
         return self.inter if crosses_nodes else self.intra
@@ -86,6 +90,8 @@ class HardwareProfile:
         }
         if self.server_wire is not None:
             data["server_wire"] = link(self.server_wire)
+        if self.busy_node_slowdown is not None:
+            data["busy_node_slowdown"] = sourced(self.busy_node_slowdown)
         return data
 
 
@@ -135,6 +141,15 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
     def link(level: str) -> Link:
         return Link(_sourced(data, f"{level}.alpha", where), _sourced(data, f"{level}.beta", where))
 
+    busy = None
+    if "busy_node_slowdown" in data:
+        busy = _sourced(data, "busy_node_slowdown", where)
+        if busy.value < 1:
+            raise TetherError(
+                f"profile {where}: 'busy_node_slowdown' must be >= 1 (a worker beside others "
+                f"computes no faster than alone), not {busy.value}"
+            )
+
     return HardwareProfile(
         name=str(_field(data, "name", where)),
         description=str(_field(data, "description", where)),
@@ -145,6 +160,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
         gamma=_sourced(data, "gamma", where),
         flops=flops,
         server_wire=link("server_wire") if "server_wire" in data else None,
+        busy_node_slowdown=busy,
     )
 
 
