@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,15 +95,12 @@ def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tup
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import socket
-    import tempfile
 
     from tether.bench.calibrate import (
         ONE_NODE,
-        busy_node_slowdown,
+        ComputeSamples,
         hardware_profile,
         measure_links,
-        median_sample,
-        trainer_step_s,
         write_calibration,
     )
     from tether.bench.server_wire import measure_server_wire
@@ -124,65 +120,48 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     config = _config(args)
     name = args.name or f"{socket.gethostname()}-calibrated"
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
+    threads = max(1, config.threads_per_worker)
     train_argv = ["--model", config.model, "--dataset", config.dataset]
     train_argv += ["--batch-size", str(config.batch_size)]
     # the thread count the layers were timed with (alone on the node, a worker would get all)
-    train_argv += ["--threads-per-worker", str(max(1, config.threads_per_worker))]
+    train_argv += ["--threads-per-worker", str(threads)]
     train_argv += ["--data-dir", config.data_dir] if config.data_dir else []
-    layer_samples: list[tuple[Any, float]] = []
-    loop_samples: list[float] = []
-    busy_samples: list[float] = []
-    threads = max(1, config.threads_per_worker)
     node_workers = min(ONE_NODE, len(usable_cores()) // threads)
+    samples = ComputeSamples(
+        lambda: _timed_workload(config, name, args.repeats),
+        train_argv,
+        (10, 10 + args.loop_steps),
+        node_workers,
+    )
 
-    def time_compute() -> None:
-        """One sample of the model's step (layer by layer) and of the training loop's, alone
-        and with every core of the node running a worker."""
-        run = len(loop_samples) + 1
+    def take_sample() -> None:
+        busy = f" and on {node_workers}" if node_workers > 1 else ""
         print(
-            f"tether: timing {config.model} at batch {config.batch_size} and the training "
-            f"loop on 1 and {node_workers} workers ({run} of {args.loop_runs})",
+            f"tether: timing {config.model} at batch {config.batch_size} and the training loop "
+            f"on one worker{busy} ({len(samples.single) + 1} of {args.loop_runs})",
             file=sys.stderr,
         )
-        layer_samples.append(_timed_workload(config, name, args.repeats))
-        steps = (10, 10 + args.loop_steps)
-        with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
-            loop_samples.append(trainer_step_s(train_argv, *steps, Path(scratch)))
-            if node_workers > 1:  # right after, so that the pair sees the same machine
-                busy_samples.append(trainer_step_s(train_argv, *steps, Path(scratch), node_workers))
+        samples.take()
 
-    # The compute is sampled between the other measurements, so that its samples span the
-    # whole calibration: a shared machine's speed drifts over tens of seconds, and the median
-    # of samples taken tens of seconds apart stands for its typical speed where one sample may not.
-    time_compute()
+    take_sample()  # the samples are spread over the calibration (ComputeSamples says why)
     print(
         f"tether: timing native all-reduce on {args.workers} local ranks (seconds)",
         file=sys.stderr,
     )
-    links = measure_links(args.workers, max(1, config.threads_per_worker), args.timeout)
-    if len(loop_samples) < args.loop_runs:
-        time_compute()
+    links = measure_links(args.workers, threads, args.timeout)
+    if len(samples.single) < args.loop_runs:
+        take_sample()
     print("tether: timing the parameter server's wire on 2 local ranks", file=sys.stderr)
     wire = measure_server_wire(args.timeout)
-    while len(loop_samples) < args.loop_runs:
-        time_compute()
-    workload, step_s = median_sample(layer_samples)
-    loop_s = statistics.median(loop_samples)
-    # what the loop adds to the model's own step: the batch, bookkeeping, the metrics line
-    workload = dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s))
-    busy = (
-        busy_node_slowdown(loop_samples, busy_samples, node_workers, links.when)
-        if busy_samples
-        else None
-    )
+    while len(samples.single) < args.loop_runs:
+        take_sample()
+    workload, step_s = samples.workload()
+    busy = samples.busy_node_slowdown(links.when)
     profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
     extra = {
         "all_reduce_points": links.points,
         "server_wire_round_trips": wire.points,
-        # every sample, in the order taken: the spread says how steady the machine was
-        "model_step_s": [step for _, step in layer_samples],
-        "training_loop_step_s": loop_samples,
-        "busy_node_loop_step_s": busy_samples,
+        **samples.to_dict(),
     }
     write_calibration(out, profile, workload, extra)
     print(
@@ -190,8 +169,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
         f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
         f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop; the loop "
-        f"{min(loop_samples) * 1e3:.2f}-{max(loop_samples) * 1e3:.2f} ms/step over "
-        f"{len(loop_samples)} runs), "
+        f"{min(samples.single) * 1e3:.2f}-{max(samples.single) * 1e3:.2f} ms/step over "
+        f"{len(samples.single)} runs), "
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
         + (

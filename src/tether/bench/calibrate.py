@@ -14,12 +14,14 @@ shape where they were not timed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import socket
 import statistics
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +207,52 @@ def busy_node_slowdown(single: list[float], busy: list[float], workers: int, whe
         f"core busy) over one worker's, median of {len(ratios)} pairs "
         f"({min(ratios):.3f}-{max(ratios):.3f})",
     )
+
+
+@dataclass
+class ComputeSamples:
+    """Samples of the model's step (layer by layer, ``time_layers``) and of the training loop on
+    one worker and, right after it so that the pair sees the same machine, on ``node_workers``
+    (every core busy; none when the node has one core), taken between a calibration's other
+    measurements: a shared machine's speed drifts over tens of seconds, and the median of
+    samples spread over the calibration stands for its typical speed where one sample may not."""
+
+    time_layers: Callable[[], tuple[Workload, float]]
+    train_argv: list[str]
+    steps: tuple[int, int]  # the training loop is timed between these two steps
+    node_workers: int
+    layers: list[tuple[Workload, float]] = field(default_factory=list)
+    single: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)
+
+    def take(self) -> None:
+        self.layers.append(self.time_layers())
+        with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
+            self.single.append(trainer_step_s(self.train_argv, *self.steps, Path(scratch)))
+            if self.node_workers > 1:
+                self.busy.append(
+                    trainer_step_s(self.train_argv, *self.steps, Path(scratch), self.node_workers)
+                )
+
+    def workload(self) -> tuple[Workload, float]:
+        """The median timing of the model's step, with what the median training loop adds to it
+        (the batch, bookkeeping, the metrics line) as its ``data_s``; and the step's seconds."""
+        workload, step_s = median_sample(self.layers)
+        loop_s = statistics.median(self.single)
+        return dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s)), step_s
+
+    def busy_node_slowdown(self, when: str) -> Sourced | None:
+        if not self.busy:
+            return None
+        return busy_node_slowdown(self.single, self.busy, self.node_workers, when)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        """Every sample, in the order taken: the spread says how steady the machine was."""
+        return {
+            "model_step_s": [step for _, step in self.layers],
+            "training_loop_step_s": self.single,
+            "busy_node_loop_step_s": self.busy,
+        }
 
 
 def write_calibration(
