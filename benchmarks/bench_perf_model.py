@@ -46,7 +46,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
-from tether.bench.calibrate import busy_node_slowdown, median_sample
+from tether.bench.calibrate import LoopTimes, busy_node_slowdown, median_sample
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
@@ -107,15 +107,18 @@ def measure_cli(
     return step_loop_s(json.loads((out / "summary.json").read_text()))
 
 
-def step_loop_s(summary: dict[str, Any]) -> float:
+def step_loop_s(summary: dict[str, Any], part: str | None = None) -> float:
     """A run's step-loop seconds per worker: summary.json's data, compute and communication
     seconds (``time_split_s``, summed over the computing workers) over the number of workers.
     Evaluation and start-up are not in it (the training clock of ``tether calibrate``'s
     measurement of the training loop leaves them out too)."""
-    return sum(float(v) for v in summary["time_split_s"].values()) / int(summary["workers"])
+    split = summary["time_split_s"]
+    seconds = float(split[part]) if part else sum(float(v) for v in split.values())
+    return seconds / int(summary["workers"])
 
 
-def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> float:
+def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> dict:
+    """The summary of a ``tether.fit`` run of the user's MLP."""
     # the workers unpickle user_mlp by importing this script, which imports _common beside it
     here = str(Path(__file__).parent)
     if here not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -136,19 +139,21 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
         threads_per_worker=1,
         **options,
     )
-    return step_loop_s(result.summary)
+    return result.summary
 
 
-def api_step_s(
+def api_loop_times(
     method: str, workers: int, options: dict, steps: tuple[int, int], out: Path
-) -> float:
-    """Seconds per step of the user's model through ``tether.fit``: the difference of two runs
-    of ``steps`` steps."""
+) -> LoopTimes:
+    """Seconds per step of the user's model through ``tether.fit`` (the whole step loop, and
+    its compute): the difference of two runs of ``steps`` steps."""
     n1, n2 = steps
-    loops = [
+    runs = [
         measure_api(method, workers, n, options, out.with_name(f"{out.name}-{n}")) for n in steps
     ]
-    return (loops[1] - loops[0]) / (n2 - n1)
+    whole = [step_loop_s(summary) for summary in runs]
+    compute = [step_loop_s(summary, "compute") for summary in runs]
+    return LoopTimes((whole[1] - whole[0]) / (n2 - n1), (compute[1] - compute[0]) / (n2 - n1))
 
 
 def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
@@ -200,16 +205,21 @@ def measure_cells(
                 own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
                 layer_samples.append((timed, own))
                 loop_samples.append(
-                    api_step_s("sync-sgd", 1, {}, (n1, n2), scratch / f"loop-{run}")
+                    api_loop_times("sync-sgd", 1, {}, (n1, n2), scratch / f"loop-{run}")
                 )
                 # every core busy with workers that do not communicate, as tether calibrate does
                 cores, quiet = profile.cores_per_node, {"tau": n2 + 1}
                 busy_samples.append(
-                    api_step_s("local-sgd", cores, quiet, (n1, n2), scratch / f"busy-{run}")
+                    api_loop_times("local-sgd", cores, quiet, (n1, n2), scratch / f"busy-{run}")
                 )
             timed, own = median_sample(layer_samples)
-            loop = statistics.median(loop_samples)
-            busy = busy_node_slowdown(loop_samples, busy_samples, profile.cores_per_node, "bench")
+            loop = statistics.median(t.step_s for t in loop_samples)
+            busy = busy_node_slowdown(
+                [t.compute_s for t in loop_samples],
+                [t.compute_s for t in busy_samples],
+                profile.cores_per_node,
+                "bench",
+            )
             profiles[model] = (
                 dataclasses.replace(profile, busy_node_slowdown=busy),
                 dataclasses.replace(timed, data_s=max(0.0, loop - own)),
@@ -229,7 +239,7 @@ def measure_cells(
                 for n in (n1, n2):
                     out = scratch / f"run-{repeat}-{i}-{n}"
                     if model == "user-mlp":
-                        loops.append(measure_api(method, p, n, options, out))
+                        loops.append(step_loop_s(measure_api(method, p, n, options, out)))
                     else:
                         loops.append(measure_cli(model, method, p, n, options, out))
                 measured[(model, label, p)].append((loops[1] - loops[0]) / (n2 - n1))

@@ -65,7 +65,7 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     assert len(data["model_step_s"]) == 1 and len(data["training_loop_step_s"]) == 1
     assert all(seconds > 0 for seconds in data["training_loop_step_s"])
     if len(usable_cores()) > 1:
-        assert len(data["busy_node_loop_step_s"]) == 1 and data["busy_node_loop_step_s"][0] > 0
+        assert len(data["busy_node_compute_s"]) == 1 and data["busy_node_compute_s"][0] > 0
         slowdown = data["hardware"]["busy_node_slowdown"]
         assert slowdown["value"] >= 1 and "every core busy" in slowdown["source"]
     hardware = data["hardware"]
@@ -100,7 +100,8 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
 
     order: list[str] = []
     timed = perf_commands._timed_workload
-    loop_times = iter([0.002, 0.005, 0.004, 0.0044, 0.006, 0.0066])  # (1 worker, 2 workers) x 3
+    # (1 worker, 2 workers) x 3: the compute per step, the whole loop 1 ms more
+    computes = iter([0.002, 0.005, 0.004, 0.0044, 0.006, 0.0066])
 
     def layers(*args):
         order.append("layers")
@@ -108,7 +109,8 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
 
     def loop(argv, short, long, scratch, workers=1):
         order.append(f"loop x{workers}")
-        return next(loop_times)
+        compute = next(computes)
+        return calibrate.LoopTimes(compute + 0.001, compute)
 
     def links(workers, threads, timeout_s):
         order.append("links")
@@ -119,7 +121,7 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         return server_wire.WireFit(1e-4, 1e-9, [(4096.0, 1e-3), (8192.0, 2e-3)], "now")
 
     monkeypatch.setattr(perf_commands, "_timed_workload", layers)
-    monkeypatch.setattr(calibrate, "trainer_step_s", loop)
+    monkeypatch.setattr(calibrate, "trainer_loop_times", loop)
     monkeypatch.setattr(calibrate, "measure_links", links)
     monkeypatch.setattr(server_wire, "measure_server_wire", wire)
     monkeypatch.setattr(partition, "usable_cores", lambda: [0, 1])
@@ -129,8 +131,9 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     sample = ["layers", "loop x1", "loop x2"]
     assert order == [*sample, "links", *sample, "wire", *sample]
     data = json.loads(out.read_text())
-    assert data["training_loop_step_s"] == [0.002, 0.004, 0.006]
-    assert data["busy_node_loop_step_s"] == [0.005, 0.0044, 0.0066]
+    assert data["training_loop_step_s"] == pytest.approx([0.003, 0.005, 0.007])
+    assert data["training_loop_compute_s"] == [0.002, 0.004, 0.006]
+    assert data["busy_node_compute_s"] == [0.005, 0.0044, 0.0066]
     # the median pair ratio (2.5, 1.1, 1.1), not the ratio of the medians (0.005 / 0.004)
     assert data["hardware"]["busy_node_slowdown"]["value"] == pytest.approx(1.1)
     assert "a busy node slows a worker 1.10x (2 workers)" in capsys.readouterr().out

@@ -162,14 +162,23 @@ def median_sample(samples: list[tuple[Workload, float]]) -> tuple[Workload, floa
     return ordered[(len(ordered) - 1) // 2]
 
 
-def trainer_step_s(
+@dataclass(frozen=True)
+class LoopTimes:
+    """Seconds per step of a training loop: all of it (rank 0's training clock), and of that the
+    model's own compute (forward, backward, update: the metrics' ``compute_s``)."""
+
+    step_s: float
+    compute_s: float
+
+
+def trainer_loop_times(
     train_argv: list[str], short: int, long: int, scratch: Path, workers: int = 1
-) -> float:
+) -> LoopTimes:
     """Seconds per step of ``tether train`` with ``train_argv`` on ``workers`` workers that do
     not communicate (one worker's sync-sgd; for several, local-sgd with a period longer than the
-    run), from one run of ``long`` steps: rank 0's training clock in its metrics lines
-    (``time_s``) between steps ``short`` and ``long``, so that start-up, the first steps'
-    warm-up and the final evaluation are left out."""
+    run), from one run of ``long`` steps: rank 0's metrics lines between steps ``short`` and
+    ``long``, so that start-up, the first steps' warm-up and the final evaluation are left
+    out."""
     import subprocess
     import sys
 
@@ -186,25 +195,34 @@ def trainer_step_s(
     if result.returncode != 0:
         lines = (result.stderr or "").strip().splitlines()
         raise TetherError(f"timing the trainer failed: {lines[-1] if lines else 'no message'}")
-    clock = {}
+    clock, compute = {}, []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         entry = json.loads(line)
-        if "time_s" in entry and "loss" in entry and entry.get("step") in (short, long):
+        if "time_s" not in entry or "loss" not in entry:
+            continue
+        if entry.get("step") in (short, long):
             clock[entry["step"]] = float(entry["time_s"])
-    return max(0.0, (clock[long] - clock[short]) / (long - short))
+        if short < entry.get("step", 0) <= long:
+            compute.append(float(entry["compute_s"]))
+    return LoopTimes(
+        max(0.0, (clock[long] - clock[short]) / (long - short)),
+        statistics.mean(compute) if compute else 0.0,
+    )
 
 
 def busy_node_slowdown(single: list[float], busy: list[float], workers: int, when: str) -> Sourced:
-    """The profile's ``busy_node_slowdown``: the median over paired samples (each busy-node
-    sample taken right after its one-worker sample, so the machine's drift cancels in the pair)
-    of busy / single, at least 1."""
+    """The profile's ``busy_node_slowdown``: the median over paired samples of a worker's
+    compute per step (forward, backward, update) on a busy node over one worker's alone, at
+    least 1. Each busy-node sample is taken right after its one-worker sample, so the machine's
+    drift cancels in the pair; the compute alone is compared because the two loops differ in
+    what else they do (one worker's sync-sgd still all-reduces over one rank)."""
     ratios = [b / s for s, b in zip(single, busy, strict=True) if s > 0]
     if not ratios:
         raise TetherError("no one-worker step time to compare the busy node's with")
     return Sourced(
         max(1.0, statistics.median(ratios)),
-        f"{when}: the training loop's step on {workers} workers that do not communicate (every "
-        f"core busy) over one worker's, median of {len(ratios)} pairs "
+        f"{when}: a worker's compute per step on {workers} workers that do not communicate "
+        f"(every core busy) over one worker's, median of {len(ratios)} pairs "
         f"({min(ratios):.3f}-{max(ratios):.3f})",
     )
 
@@ -222,36 +240,44 @@ class ComputeSamples:
     steps: tuple[int, int]  # the training loop is timed between these two steps
     node_workers: int
     layers: list[tuple[Workload, float]] = field(default_factory=list)
-    single: list[float] = field(default_factory=list)
-    busy: list[float] = field(default_factory=list)
+    single: list[LoopTimes] = field(default_factory=list)
+    busy: list[LoopTimes] = field(default_factory=list)
 
     def take(self) -> None:
         self.layers.append(self.time_layers())
         with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
-            self.single.append(trainer_step_s(self.train_argv, *self.steps, Path(scratch)))
+            self.single.append(trainer_loop_times(self.train_argv, *self.steps, Path(scratch)))
             if self.node_workers > 1:
                 self.busy.append(
-                    trainer_step_s(self.train_argv, *self.steps, Path(scratch), self.node_workers)
+                    trainer_loop_times(
+                        self.train_argv, *self.steps, Path(scratch), self.node_workers
+                    )
                 )
+
+    def loop_steps_s(self) -> list[float]:
+        return [times.step_s for times in self.single]
 
     def workload(self) -> tuple[Workload, float]:
         """The median timing of the model's step, with what the median training loop adds to it
         (the batch, bookkeeping, the metrics line) as its ``data_s``; and the step's seconds."""
         workload, step_s = median_sample(self.layers)
-        loop_s = statistics.median(self.single)
+        loop_s = statistics.median(self.loop_steps_s())
         return dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s)), step_s
 
     def busy_node_slowdown(self, when: str) -> Sourced | None:
         if not self.busy:
             return None
-        return busy_node_slowdown(self.single, self.busy, self.node_workers, when)
+        single = [times.compute_s for times in self.single]
+        busy = [times.compute_s for times in self.busy]
+        return busy_node_slowdown(single, busy, self.node_workers, when)
 
     def to_dict(self) -> dict[str, list[float]]:
         """Every sample, in the order taken: the spread says how steady the machine was."""
         return {
             "model_step_s": [step for _, step in self.layers],
-            "training_loop_step_s": self.single,
-            "busy_node_loop_step_s": self.busy,
+            "training_loop_step_s": self.loop_steps_s(),
+            "training_loop_compute_s": [times.compute_s for times in self.single],
+            "busy_node_compute_s": [times.compute_s for times in self.busy],
         }
 
 
