@@ -196,8 +196,9 @@ def measure_cells(
             # collating 64 samples), each sampled as tether calibrate samples them, on one
             # worker, and the median kept
             n1, n2 = STEPS[model]
-            layer_samples, loop_samples, busy_samples = [], [], []
-
+            layer_samples, loop_samples = [], []
+            alone_samples: list[LoopTimes] = []
+            busy_samples: list[LoopTimes] = []
             for run in range(CALIBRATION_RUNS):
                 timed = tether.time_model(
                     net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
@@ -207,15 +208,15 @@ def measure_cells(
                 loop_samples.append(
                     api_loop_times("sync-sgd", 1, {}, (n1, n2), scratch / f"loop-{run}")
                 )
-                # every core busy with workers that do not communicate, as tether calibrate does
-                cores, quiet = profile.cores_per_node, {"tau": n2 + 1}
-                busy_samples.append(
-                    api_loop_times("local-sgd", cores, quiet, (n1, n2), scratch / f"busy-{run}")
-                )
+                # the busy-node pair, workers that never communicate, as tether calibrate does
+                quiet = {"tau": n2 + 1}
+                for workers, into in ((1, alone_samples), (profile.cores_per_node, busy_samples)):
+                    out = scratch / f"quiet-{run}-{workers}"
+                    into.append(api_loop_times("local-sgd", workers, quiet, (n1, n2), out))
             timed, own = median_sample(layer_samples)
             loop = statistics.median(t.step_s for t in loop_samples)
             busy = busy_node_slowdown(
-                [t.compute_s for t in loop_samples],
+                [t.compute_s for t in alone_samples],
                 [t.compute_s for t in busy_samples],
                 profile.cores_per_node,
                 "bench",

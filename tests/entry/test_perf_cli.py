@@ -91,8 +91,8 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
 def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The model's step and the training loop (one worker, then every core) are sampled before
-    the links, between the links and the wire, and after the wire; the medians are kept. The
+    """The model's step, the training loop and the busy-node pair are sampled before the links,
+    between the links and the wire, and after the wire; the medians are kept. The
     measurements are stand-ins here (the test above runs the real ones)."""
     from tether import perf_commands
     from tether.bench import calibrate, server_wire
@@ -100,15 +100,16 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
 
     order: list[str] = []
     timed = perf_commands._timed_workload
-    # (1 worker, 2 workers) x 3: the compute per step, the whole loop 1 ms more
-    computes = iter([0.002, 0.005, 0.004, 0.0044, 0.006, 0.0066])
+    # (sync-sgd on 1 worker, the pair: 1 and 2 workers that never communicate) x 3: the compute
+    # per step; the whole loop 1 ms more
+    computes = iter([0.010, 0.002, 0.005, 0.012, 0.004, 0.0044, 0.014, 0.006, 0.0066])
 
     def layers(*args):
         order.append("layers")
         return timed(*args)
 
-    def loop(argv, short, long, scratch, workers=1):
-        order.append(f"loop x{workers}")
+    def loop(argv, short, long, scratch, workers=0):
+        order.append({0: "loop", 1: "alone", 2: "busy"}[workers])
         compute = next(computes)
         return calibrate.LoopTimes(compute + 0.001, compute)
 
@@ -128,11 +129,11 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     out = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
     assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0
-    sample = ["layers", "loop x1", "loop x2"]
+    sample = ["layers", "loop", "alone", "busy"]
     assert order == [*sample, "links", *sample, "wire", *sample]
     data = json.loads(out.read_text())
-    assert data["training_loop_step_s"] == pytest.approx([0.003, 0.005, 0.007])
-    assert data["training_loop_compute_s"] == [0.002, 0.004, 0.006]
+    assert data["training_loop_step_s"] == pytest.approx([0.011, 0.013, 0.015])
+    assert data["one_worker_compute_s"] == [0.002, 0.004, 0.006]
     assert data["busy_node_compute_s"] == [0.005, 0.0044, 0.0066]
     # the median pair ratio (2.5, 1.1, 1.1), not the ratio of the medians (0.005 / 0.004)
     assert data["hardware"]["busy_node_slowdown"]["value"] == pytest.approx(1.1)

@@ -172,22 +172,23 @@ class LoopTimes:
 
 
 def trainer_loop_times(
-    train_argv: list[str], short: int, long: int, scratch: Path, workers: int = 1
+    train_argv: list[str], short: int, long: int, scratch: Path, workers: int = 0
 ) -> LoopTimes:
-    """Seconds per step of ``tether train`` with ``train_argv`` on ``workers`` workers that do
-    not communicate (one worker's sync-sgd; for several, local-sgd with a period longer than the
-    run), from one run of ``long`` steps: rank 0's metrics lines between steps ``short`` and
+    """Seconds per step of ``tether train`` with ``train_argv``: with ``workers`` 0, one worker
+    of sync-sgd (what a calibration point is); otherwise ``workers`` of local-sgd with a period
+    longer than the run, which never communicate and add no gradient hooks to the backward
+    pass. From one run of ``long`` steps: rank 0's metrics lines between steps ``short`` and
     ``long``, so that start-up, the first steps' warm-up and the final evaluation are left
     out."""
     import subprocess
     import sys
 
     out = scratch / f"train-{workers}"
-    command = [sys.executable, "-m", "tether", "train", *train_argv, "--workers", str(workers)]
-    if workers == 1:
-        command += ["--method", "sync-sgd"]
+    command = [sys.executable, "-m", "tether", "train", *train_argv]
+    if workers == 0:
+        command += ["--workers", "1", "--method", "sync-sgd"]
     else:
-        command += ["--method", "local-sgd", "--tau", str(long + 1)]
+        command += ["--workers", str(workers), "--method", "local-sgd", "--tau", str(long + 1)]
     command += ["--steps", str(long), "--eval-every", "1000000000"]
     result = subprocess.run(
         [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
@@ -214,8 +215,7 @@ def busy_node_slowdown(single: list[float], busy: list[float], workers: int, whe
     """The profile's ``busy_node_slowdown``: the median over paired samples of a worker's
     compute per step (forward, backward, update) on a busy node over one worker's alone, at
     least 1. Each busy-node sample is taken right after its one-worker sample, so the machine's
-    drift cancels in the pair; the compute alone is compared because the two loops differ in
-    what else they do (one worker's sync-sgd still all-reduces over one rank)."""
+    drift cancels in the pair."""
     ratios = [b / s for s, b in zip(single, busy, strict=True) if s > 0]
     if not ratios:
         raise TetherError("no one-worker step time to compare the busy node's with")
@@ -229,11 +229,12 @@ def busy_node_slowdown(single: list[float], busy: list[float], workers: int, whe
 
 @dataclass
 class ComputeSamples:
-    """Samples of the model's step (layer by layer, ``time_layers``) and of the training loop on
-    one worker and, right after it so that the pair sees the same machine, on ``node_workers``
-    (every core busy; none when the node has one core), taken between a calibration's other
+    """Samples of the model's step (layer by layer, ``time_layers``), of the training loop on one
+    worker, and of a pair of loops that never communicate, on one worker and on ``node_workers``
+    (every core busy; no pair when the node has one core), taken between a calibration's other
     measurements: a shared machine's speed drifts over tens of seconds, and the median of
-    samples spread over the calibration stands for its typical speed where one sample may not."""
+    samples spread over the calibration stands for its typical speed where one sample may not.
+    The pair's two runs follow each other, so that they see the same machine."""
 
     time_layers: Callable[[], tuple[Workload, float]]
     train_argv: list[str]
@@ -241,18 +242,18 @@ class ComputeSamples:
     node_workers: int
     layers: list[tuple[Workload, float]] = field(default_factory=list)
     single: list[LoopTimes] = field(default_factory=list)
-    busy: list[LoopTimes] = field(default_factory=list)
+    alone: list[LoopTimes] = field(default_factory=list)  # the pair: one worker...
+    busy: list[LoopTimes] = field(default_factory=list)  # ...and node_workers
 
     def take(self) -> None:
         self.layers.append(self.time_layers())
         with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
             self.single.append(trainer_loop_times(self.train_argv, *self.steps, Path(scratch)))
             if self.node_workers > 1:
-                self.busy.append(
-                    trainer_loop_times(
-                        self.train_argv, *self.steps, Path(scratch), self.node_workers
+                for workers, into in ((1, self.alone), (self.node_workers, self.busy)):
+                    into.append(
+                        trainer_loop_times(self.train_argv, *self.steps, Path(scratch), workers)
                     )
-                )
 
     def loop_steps_s(self) -> list[float]:
         return [times.step_s for times in self.single]
@@ -267,16 +268,16 @@ class ComputeSamples:
     def busy_node_slowdown(self, when: str) -> Sourced | None:
         if not self.busy:
             return None
-        single = [times.compute_s for times in self.single]
+        alone = [times.compute_s for times in self.alone]
         busy = [times.compute_s for times in self.busy]
-        return busy_node_slowdown(single, busy, self.node_workers, when)
+        return busy_node_slowdown(alone, busy, self.node_workers, when)
 
     def to_dict(self) -> dict[str, list[float]]:
         """Every sample, in the order taken: the spread says how steady the machine was."""
         return {
             "model_step_s": [step for _, step in self.layers],
             "training_loop_step_s": self.loop_steps_s(),
-            "training_loop_compute_s": [times.compute_s for times in self.single],
+            "one_worker_compute_s": [times.compute_s for times in self.alone],
             "busy_node_compute_s": [times.compute_s for times in self.busy],
         }
 
