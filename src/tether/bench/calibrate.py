@@ -9,7 +9,8 @@ gamma is the calibration's in-place add (:func:`~tether.comm.calibration.measure
 timed here on the workers' thread count. The compute: the model's
 training step timed layer by layer (:mod:`tether.bench.workload`); the profile's achieved FLOP/s is
 that step's counted FLOPs (3x forward) over its time, which predicts other models of similar
-shape where they were not timed.
+shape where they were not timed; the training loop's own cost and the slowdown of a worker on a
+busy node from short training runs (:class:`ComputeSamples`).
 """
 
 from __future__ import annotations
