@@ -96,15 +96,7 @@ def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tup
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import socket
 
-    from tether.bench.calibrate import (
-        ONE_NODE,
-        ComputeSamples,
-        hardware_profile,
-        measure_links,
-        write_calibration,
-    )
-    from tether.bench.server_wire import measure_server_wire
-    from tether.launch.partition import usable_cores
+    from tether.bench.calibrate import calibrate_machine, write_calibration
 
     # before minutes of timing: what would fail at its end
     for option, value, least in (
@@ -126,44 +118,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # the thread count the layers were timed with (alone on the node, a worker would get all)
     train_argv += ["--threads-per-worker", str(threads)]
     train_argv += ["--data-dir", config.data_dir] if config.data_dir else []
-    node_workers = min(ONE_NODE, len(usable_cores()) // threads)
-    samples = ComputeSamples(
+    calibration = calibrate_machine(
+        name,
+        f"{config.model} at batch {config.batch_size}",
         lambda: _timed_workload(config, name, args.repeats),
         train_argv,
-        (10, 10 + args.loop_steps),
-        node_workers,
+        args,
+        lambda line: print(f"tether: {line}", file=sys.stderr),
     )
-
-    def take_sample() -> None:
-        busy = f" and on {node_workers}" if node_workers > 1 else ""
-        print(
-            f"tether: timing {config.model} at batch {config.batch_size} and the training loop "
-            f"on one worker{busy} ({len(samples.single) + 1} of {args.loop_runs})",
-            file=sys.stderr,
-        )
-        samples.take()
-
-    take_sample()  # the samples are spread over the calibration (ComputeSamples says why)
-    print(
-        f"tether: timing native all-reduce on {args.workers} local ranks (seconds)",
-        file=sys.stderr,
-    )
-    links = measure_links(args.workers, threads, args.timeout)
-    if len(samples.single) < args.loop_runs:
-        take_sample()
-    print("tether: timing the parameter server's wire on 2 local ranks", file=sys.stderr)
-    wire = measure_server_wire(args.timeout)
-    while len(samples.single) < args.loop_runs:
-        take_sample()
-    workload, step_s = samples.workload()
-    busy = samples.busy_node_slowdown(links.when)
-    profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
-    extra = {
-        "all_reduce_points": links.points,
-        "server_wire_round_trips": wire.points,
-        **samples.to_dict(),
-    }
-    write_calibration(out, profile, workload, extra)
+    profile, workload = calibration.profile, calibration.workload
+    links, wire = calibration.links, calibration.wire
+    samples, busy, step_s = calibration.samples, profile.busy_node_slowdown, calibration.step_s
+    write_calibration(out, profile, workload, calibration.extra())
     print(
         f"alpha {links.alpha * 1e6:.1f} us, beta {links.beta * 1e9:.3f} ns/B "
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
@@ -174,7 +140,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
         + (
-            f"; a busy node slows a worker {busy.value:.2f}x ({node_workers} workers)"
+            f"; a busy node slows a worker {busy.value:.2f}x ({samples.node_workers} workers)"
             if busy is not None
             else ""
         )

@@ -96,7 +96,6 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     measurements are stand-ins here (the test above runs the real ones)."""
     from tether import perf_commands
     from tether.bench import calibrate, server_wire
-    from tether.launch import partition
 
     order: list[str] = []
     timed = perf_commands._timed_workload
@@ -124,8 +123,8 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     monkeypatch.setattr(perf_commands, "_timed_workload", layers)
     monkeypatch.setattr(calibrate, "trainer_loop_times", loop)
     monkeypatch.setattr(calibrate, "measure_links", links)
-    monkeypatch.setattr(server_wire, "measure_server_wire", wire)
-    monkeypatch.setattr(partition, "usable_cores", lambda: [0, 1])
+    monkeypatch.setattr(calibrate, "measure_server_wire", wire)
+    monkeypatch.setattr(calibrate, "usable_cores", lambda: [0, 1])
     out = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
     assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0

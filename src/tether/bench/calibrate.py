@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from tether.bench.link_fit import fit_ring
-from tether.bench.server_wire import WireFit
+from tether.bench.server_wire import WireFit, measure_server_wire
 from tether.bench.workload import measure_workload
 from tether.errors import TetherError
 from tether.launch.partition import usable_cores
@@ -281,6 +281,68 @@ class ComputeSamples:
             "one_worker_compute_s": [times.compute_s for times in self.alone],
             "busy_node_compute_s": [times.compute_s for times in self.busy],
         }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: HardwareProfile
+    workload: Workload  # the median timing, with the training loop's own cost as its data_s
+    step_s: float  # the model's own step in that timing
+    links: LinkFit
+    wire: WireFit
+    samples: ComputeSamples
+
+    def extra(self) -> dict[str, Any]:
+        """What the profile file keeps beside the profile: every measured point and sample."""
+        return {
+            "all_reduce_points": self.links.points,
+            "server_wire_round_trips": self.wire.points,
+            **self.samples.to_dict(),
+        }
+
+
+def calibrate_machine(
+    name: str,
+    what: str,
+    time_layers: Callable[[], tuple[Workload, float]],
+    train_argv: list[str],
+    options: Any,
+    say: Callable[[str], None],
+) -> Calibration:
+    """Measure the running machine in this order: a compute sample (:class:`ComputeSamples`),
+    the links, another sample, the server's wire, the samples left (``options.loop_runs`` in
+    all), so that the samples span the whole calibration. ``options`` holds ``tether
+    calibrate``'s ``workers``, ``threads_per_worker``, ``loop_steps``, ``loop_runs`` and
+    ``timeout``; ``say`` reports each step."""
+    threads = max(1, options.threads_per_worker)
+    samples = ComputeSamples(
+        time_layers,
+        train_argv,
+        (10, 10 + options.loop_steps),
+        min(ONE_NODE, len(usable_cores()) // threads),
+    )
+
+    def take_sample() -> None:
+        pair = f" and on {samples.node_workers}" if samples.node_workers > 1 else ""
+        say(
+            f"timing {what} and the training loop on one worker{pair} "
+            f"({len(samples.single) + 1} of {options.loop_runs})"
+        )
+        samples.take()
+
+    take_sample()
+    say(f"timing native all-reduce on {options.workers} local ranks (seconds)")
+    links = measure_links(options.workers, threads, options.timeout)
+    if len(samples.single) < options.loop_runs:
+        take_sample()
+    say("timing the parameter server's wire on 2 local ranks")
+    wire = measure_server_wire(options.timeout)
+    while len(samples.single) < options.loop_runs:
+        take_sample()
+    workload, step_s = samples.workload()
+    busy = samples.busy_node_slowdown(links.when)
+    profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
+    return Calibration(profile, workload, step_s, links, wire, samples)
 
 
 def write_calibration(
