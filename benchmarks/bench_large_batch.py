@@ -20,7 +20,9 @@ the optimum), then runs ``--seeds`` seeds at its best rate. Reported: final test
 and spread over seeds) and the training time to 88%. Also LARS under sync-easgd and async-easgd
 at 4096 (2 workers x 512 x accumulate 4), a combination no published system offers, with a rate
 tuned the same way for an elastic worker. Every run is appended to ``--cells`` as it finishes;
-``--reuse`` reads finished runs back instead of running them again.
+``--reuse`` reads finished runs back instead of running them again, and ``--offline`` builds the
+table from the file alone (runs made on another machine, e.g. a GPU, labelled with that machine).
+On a machine with a GPU the runs train there (one worker: ``backend auto`` picks NCCL).
 
 Part ``precision``. fp32, bf16 and fp16 under sync-sgd, 2 CPU workers (``--device cuda``: one
 worker per GPU over NCCL), global batch ``--batch``, LeNet-5 (1 epoch) and the 4.8M-parameter CNN
@@ -63,6 +65,7 @@ OPTIMIZERS = ("momentum", "nesterov", "lars", "lamb")
 GRID = (0.5, 1.0, 2.0)  # multiples of a cell's starting rate tried at seed 0
 EASGD_GRID = (0.25, 0.5, 1.0)  # multiples of half the one-process LARS rate (an elastic worker)
 MAX_EXTEND = 3  # rates tried past a grid's edge while the best stays at the edge
+NOT_RUN = "not in --cells"  # what --offline answers for a run the file does not hold
 
 
 def starting_lr(optimizer: str, batch: int) -> float:
@@ -113,17 +116,19 @@ def _cells(text: str) -> tuple[tuple[str, int], ...]:
 
 
 def _rates(text: str) -> dict[str, float]:
+    """``optimizer=lr`` (every batch of that optimizer) or ``optimizer:batch=lr`` (one cell)."""
     rates = {}
     for item in filter(None, text.split(",")):
-        optimizer, _, lr = item.partition("=")
+        where, _, lr = item.partition("=")
+        optimizer, _, batch = where.partition(":")
         try:
-            rates[optimizer] = float(lr)
+            rates[where] = float(lr)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected optimizer=lr like lars=16, got {item!r}"
+                f"expected optimizer=lr or optimizer:batch=lr like lars:8192=32, got {item!r}"
             ) from None
-        if optimizer not in OPTIMIZERS:
-            raise argparse.ArgumentTypeError(f"unknown optimizer {optimizer!r} in {item!r}")
+        if optimizer not in OPTIMIZERS or (batch and not batch.isdigit()):
+            raise argparse.ArgumentTypeError(f"unknown cell {where!r} in {item!r}")
     return rates
 
 
@@ -165,8 +170,10 @@ class Runs:
     JSON-lines file as it finishes; with ``reuse`` a run already in the file (same settings) is
     read back instead of run again, so an interrupted sweep loses nothing."""
 
-    def __init__(self, cells: Path, scratch: Path, parallel: int, reuse: bool) -> None:
-        self.cells, self.scratch, self.parallel = cells, scratch, parallel
+    def __init__(
+        self, cells: Path, scratch: Path, parallel: int, reuse: bool, offline: bool = False
+    ) -> None:
+        self.cells, self.scratch, self.parallel, self.offline = cells, scratch, parallel, offline
         self.gate = threading.Semaphore(parallel)
         self.lock = threading.Lock()
         self.done: dict[str, dict[str, Any]] = {}
@@ -182,14 +189,32 @@ class Runs:
         with self.lock:
             if key in self.done:
                 return self.done[key]
+        if self.offline:  # a table from the file alone (e.g. runs made on another machine)
+            return {"error": NOT_RUN}
         with self.gate:
             name = f"{method}-{workers}-{abs(hash(key)):x}"
             record = run_fit(options, self.scratch / name, method, workers)
         with self.lock:
             self.done[key] = record
             with self.cells.open("a") as handle:
-                handle.write(json.dumps({"key": key, "result": record}) + "\n")
+                entry = {"key": key, "result": record, "machine": machine()}
+                handle.write(json.dumps(entry) + "\n")
         return record
+
+
+def recorded_machine(cells: Path) -> dict[str, str] | None:
+    """The machine the runs in ``cells`` were made on, where they all name the same one (an
+    ``--offline`` table is labelled with it, not with the machine that builds the table)."""
+    if not cells.exists():
+        return None
+    seen = set()
+    for line in filter(None, cells.read_text().splitlines()):
+        recorded = json.loads(line).get("machine")
+        if recorded is None:
+            return None
+        recorded.pop("host", None)  # two leases of the same kind of machine are one machine here
+        seen.add(json.dumps(recorded, sort_keys=True))
+    return json.loads(seen.pop()) if len(seen) == 1 else None
 
 
 def tune(
@@ -222,7 +247,7 @@ def best_rate(tried: dict[float, dict[str, Any]]) -> float:
 
 def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
     batches = [int(b) for b in args.batches.split(",")]
-    runs = Runs(args.cells, scratch, args.parallel, args.reuse)
+    runs = Runs(args.cells, scratch, args.parallel, args.reuse or args.offline, args.offline)
 
     def job(optimizer: str, batch: int, lr: float, seed: int) -> dict[str, Any]:
         record = runs.fit({**cell_options(optimizer, batch, lr, args), "seed": seed})
@@ -230,15 +255,16 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
         return record
 
     def cell_runs(o: str, b: int) -> dict[str, Any]:
-        """Tune at seed 0 (momentum takes the rule's rate), then the other seeds at the best rate;
-        a thread per cell, the gate keeps ``--parallel`` runs going."""
-        start = args.start_lr.get(o, starting_lr(o, b))
+        """Tune at seed 0 (momentum takes the rule's rate), then the other seeds side by side at
+        the best rate; a thread per run, the gate keeps ``--parallel`` runs going."""
+        start = args.start_lr.get(f"{o}:{b}", args.start_lr.get(o, starting_lr(o, b)))
         if o == "momentum":
             tried = {start: job(o, b, start, 0)}
         else:
             tried = tune(lambda lr: job(o, b, lr, 0), start, GRID)
         lr = best_rate(tried)
-        seeds = [job(o, b, lr, seed) for seed in range(1, args.seeds)]
+        with ThreadPoolExecutor(max_workers=max(1, args.seeds - 1)) as pool:  # the gate limits
+            seeds = list(pool.map(lambda seed: job(o, b, lr, seed), range(1, args.seeds)))
         return {"lr": lr, "runs": [tried[lr], *seeds], "grid": tried}
 
     cells = [(o, b) for b in batches for o in OPTIMIZERS if not args.only or (o, b) in args.only]
@@ -249,7 +275,7 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     # worker processes). An elastic worker's own update covers its batch of 2048 and is then
     # pulled toward the center, so the rate is tuned for it, from half the one-process rate.
     easgd: dict[str, dict[float, dict[str, Any]]] = {}
-    easgd_runs = Runs(args.cells, scratch, 1, args.reuse)
+    easgd_runs = Runs(args.cells, scratch, 1, args.reuse or args.offline, args.offline)
     lars_4096 = results.get(("lars", 4096), {}).get("lr", starting_lr("lars", 4096))
     for method in ("sync-easgd", "async-easgd") if args.elastic else ():
 
@@ -262,7 +288,9 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
         easgd[method] = tune(elastic, lars_4096 / 2, EASGD_GRID)
 
     def cell(o: str, b: int) -> str:
-        if (o, b) not in results:
+        if (o, b) not in results or all(
+            r.get("error") == NOT_RUN for r in results[(o, b)]["grid"].values()
+        ):
             return "not run"
         finished = [r for r in results[(o, b)]["runs"] if r.get("accuracy") is not None]
         if not finished:
@@ -272,6 +300,8 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
         spread = f" ({min(accuracies):.2%}-{max(accuracies):.2%})" if len(finished) > 1 else ""
         tta = f"{statistics.median(times):.0f} s" if times else "not reached"
         reached = f" [{len(times)}/{len(finished)}]" if len(finished) > 1 else ""
+        if len(finished) < args.seeds:  # an interrupted or partly recovered sweep
+            reached += f"; {len(finished)} of {args.seeds} seeds"
         return f"{statistics.mean(accuracies):.2%}{spread}; 88%: {tta}{reached}; lr {results[(o, b)]['lr']:.3g}"
 
     lines = [
@@ -298,16 +328,20 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
                 if r.get("accuracy") is not None
                 else f"{lr:g}: failed"
                 for lr, r in ranked
+                if r.get("error") != NOT_RUN
             )
             + " |"
         )
     lines += ["", "Seed-0 grids (lr: final accuracy):", ""]
     for (o, b), cell_result in sorted(results.items()):
+        if cell(o, b) == "not run":
+            continue
         grid = ", ".join(
             f"{lr:.3g}: {r['accuracy']:.2%}"
             if r.get("accuracy") is not None
             else f"{lr:.3g}: failed"
             for lr, r in sorted(cell_result["grid"].items())
+            if r.get("error") != NOT_RUN
         )
         lines.append(f"- {o} at {b}: {grid}")
 
@@ -436,6 +470,12 @@ def main() -> None:
     )
     parser.add_argument("--reuse", action="store_true", help="read runs already in --cells back")
     parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="part batches: the table from --cells alone, running nothing (runs missing there "
+        "count as failed)",
+    )
+    parser.add_argument(
         "--only",
         type=_cells,
         default=(),
@@ -445,8 +485,8 @@ def main() -> None:
         "--start-lr",
         type=_rates,
         default={},
-        help="part batches: a cell's starting rate instead of the rule's, as optimizer=lr,... "
-        "(a tuned grid is centred there)",
+        help="part batches: a starting rate instead of the rule's, as optimizer=lr (every batch) "
+        "or optimizer:batch=lr (one cell), comma-separated (a tuned grid is centred there)",
     )
     parser.add_argument(
         "--no-elastic",
@@ -456,7 +496,7 @@ def main() -> None:
     )
     parser.add_argument("--stem", help="the result file's name (default: large_batch_PART)")
     args = parser.parse_args()
-    info = machine()
+    info = (args.offline and recorded_machine(args.cells)) or machine()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-large-batch-") as scratch:
         part = part_batches if args.part == "batches" else part_precision
