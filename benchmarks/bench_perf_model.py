@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from torch.utils.data import TensorDataset
 
 import tether
 from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
-from tether.bench.calibrate import LoopTimes, busy_node_slowdown, median_sample
+from tether.bench.compute_samples import ComputeSamples, LoopTimes
 from tether.catalog import method_defaults
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
@@ -142,18 +144,41 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
     return result.summary
 
 
-def api_loop_times(
-    method: str, workers: int, options: dict, steps: tuple[int, int], out: Path
-) -> LoopTimes:
-    """Seconds per step of the user's model through ``tether.fit`` (the whole step loop, and
-    its compute): the difference of two runs of ``steps`` steps."""
-    n1, n2 = steps
-    runs = [
-        measure_api(method, workers, n, options, out.with_name(f"{out.name}-{n}")) for n in steps
-    ]
-    whole = [step_loop_s(summary) for summary in runs]
-    compute = [step_loop_s(summary, "compute") for summary in runs]
-    return LoopTimes((whole[1] - whole[0]) / (n2 - n1), (compute[1] - compute[0]) / (n2 - n1))
+def time_user_layers(
+    net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, profile_name: str
+) -> tuple[Workload, float]:
+    """The user's model's step timed layer by layer (``tether.time_model``) and its seconds."""
+    timed = tether.time_model(
+        net, x, y, nn.functional.cross_entropy, name=name, profile_name=profile_name
+    )
+    own = sum(layer.forward_s + layer.backward_s for layer in timed.layers) + timed.update_s
+    return timed, own
+
+
+@dataclass
+class ApiLoops:
+    """The user's model's training loop through ``tether.fit`` (a
+    :class:`~tether.bench.compute_samples.LoopTimer`): seconds per step of the whole step loop
+    and of its compute, as the difference of two runs of ``steps`` steps."""
+
+    steps: tuple[int, int]
+    scratch: Path
+    runs: int = 0
+
+    def one_worker(self) -> LoopTimes:
+        return self._times("sync-sgd", 1, {})
+
+    def quiet(self, workers: int) -> LoopTimes:
+        return self._times("local-sgd", workers, {"tau": self.steps[1] + 1})
+
+    def _times(self, method: str, workers: int, options: dict) -> LoopTimes:
+        self.runs += 1
+        (n1, n2), out = self.steps, self.scratch / f"loop-{self.runs}"
+        runs = [measure_api(method, workers, n, options, out.with_name(f"{out.name}-{n}"))
+                for n in self.steps]  # fmt: skip
+        whole = [step_loop_s(summary) for summary in runs]
+        compute = [step_loop_s(summary, "compute") for summary in runs]
+        return LoopTimes((whole[1] - whole[0]) / (n2 - n1), (compute[1] - compute[0]) / (n2 - n1))
 
 
 def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
@@ -192,39 +217,17 @@ def measure_cells(
             torch.manual_seed(0)
             net, data = user_mlp(), user_data()
             x, y = data.tensors[0][:BATCH], data.tensors[1][:BATCH]
-            # the layers and the training loop's own cost per step (here: the DataLoader
-            # collating 64 samples), each sampled as tether calibrate samples them, on one
-            # worker, and the median kept
-            n1, n2 = STEPS[model]
-            layer_samples, loop_samples = [], []
-            alone_samples: list[LoopTimes] = []
-            busy_samples: list[LoopTimes] = []
-            for run in range(CALIBRATION_RUNS):
-                timed = tether.time_model(
-                    net, x, y, nn.functional.cross_entropy, name=model, profile_name=profile.name
-                )
-                own = sum(la.forward_s + la.backward_s for la in timed.layers) + timed.update_s
-                layer_samples.append((timed, own))
-                loop_samples.append(
-                    api_loop_times("sync-sgd", 1, {}, (n1, n2), scratch / f"loop-{run}")
-                )
-                # the busy-node pair, workers that never communicate, as tether calibrate does
-                quiet = {"tau": n2 + 1}
-                for workers, into in ((1, alone_samples), (profile.cores_per_node, busy_samples)):
-                    out = scratch / f"quiet-{run}-{workers}"
-                    into.append(api_loop_times("local-sgd", workers, quiet, (n1, n2), out))
-            timed, own = median_sample(layer_samples)
-            loop = statistics.median(t.step_s for t in loop_samples)
-            busy = busy_node_slowdown(
-                [t.compute_s for t in alone_samples],
-                [t.compute_s for t in busy_samples],
-                profile.cores_per_node,
-                "bench",
+            # the layers, the training loop's own cost per step (here: the DataLoader collating
+            # 64 samples) and the busy-node pair, sampled as tether calibrate samples them
+            layers = functools.partial(time_user_layers, net, x, y, model, profile.name)
+            samples = ComputeSamples(
+                layers, ApiLoops(STEPS[model], scratch), profile.cores_per_node
             )
-            profiles[model] = (
-                dataclasses.replace(profile, busy_node_slowdown=busy),
-                dataclasses.replace(timed, data_s=max(0.0, loop - own)),
-            )
+            for _ in range(CALIBRATION_RUNS):
+                samples.take()
+            workload, _ = samples.workload()
+            busy = samples.busy_node_slowdown("bench")
+            profiles[model] = (dataclasses.replace(profile, busy_node_slowdown=busy), workload)
         else:
             profiles[model] = calibrate(model, scratch)
         print(f"calibrated {model}", flush=True)

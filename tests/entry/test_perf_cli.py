@@ -95,7 +95,7 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     between the links and the wire, and after the wire; the medians are kept. The
     measurements are stand-ins here (the test above runs the real ones)."""
     from tether import perf_commands
-    from tether.bench import calibrate, server_wire
+    from tether.bench import calibrate, compute_samples, server_wire
 
     order: list[str] = []
     timed = perf_commands._timed_workload
@@ -107,10 +107,10 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         order.append("layers")
         return timed(*args)
 
-    def loop(argv, short, long, scratch, workers=0):
-        order.append({0: "loop", 1: "alone", 2: "busy"}[workers])
+    def loop(name):
+        order.append(name)
         compute = next(computes)
-        return calibrate.LoopTimes(compute + 0.001, compute)
+        return compute_samples.LoopTimes(compute + 0.001, compute)
 
     def links(workers, threads, timeout_s):
         order.append("links")
@@ -121,7 +121,9 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         return server_wire.WireFit(1e-4, 1e-9, [(4096.0, 1e-3), (8192.0, 2e-3)], "now")
 
     monkeypatch.setattr(perf_commands, "_timed_workload", layers)
-    monkeypatch.setattr(calibrate, "trainer_loop_times", loop)
+    loops = compute_samples.TrainerLoops
+    monkeypatch.setattr(loops, "one_worker", lambda self: loop("loop"))
+    monkeypatch.setattr(loops, "quiet", lambda self, n: loop({1: "alone", 2: "busy"}[n]))
     monkeypatch.setattr(calibrate, "measure_links", links)
     monkeypatch.setattr(calibrate, "measure_server_wire", wire)
     monkeypatch.setattr(calibrate, "usable_cores", lambda: [0, 1])

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
-from tether.bench.calibrate import busy_node_slowdown, median_sample
+from tether.bench.compute_samples import busy_node_slowdown, median_sample
 from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time

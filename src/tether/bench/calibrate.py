@@ -10,25 +10,25 @@ timed here on the workers' thread count. The compute: the model's
 training step timed layer by layer (:mod:`tether.bench.workload`); the profile's achieved FLOP/s is
 that step's counted FLOPs (3x forward) over its time, which predicts other models of similar
 shape where they were not timed; the training loop's own cost and the slowdown of a worker on a
-busy node from short training runs (:class:`ComputeSamples`).
+busy node from short training runs, sampled over the calibration
+(:mod:`tether.bench.compute_samples`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import socket
-import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from tether.bench.compute_samples import ComputeSamples, TrainerLoops
 from tether.bench.link_fit import fit_ring
 from tether.bench.server_wire import WireFit, measure_server_wire
 from tether.bench.workload import measure_workload
@@ -153,136 +153,6 @@ def time_model(
     return workload, step + workload.update_s
 
 
-def median_sample(samples: list[tuple[Workload, float]]) -> tuple[Workload, float]:
-    """Of several timings of the same step (``(workload, seconds)``), the one of median total
-    time (the lower middle one of an even count): a whole timing, so its layers stay
-    consistent with each other."""
-    if not samples:
-        raise TetherError("no timing of the model's step to choose from")
-    ordered = sorted(samples, key=lambda sample: sample[1])
-    return ordered[(len(ordered) - 1) // 2]
-
-
-@dataclass(frozen=True)
-class LoopTimes:
-    """Seconds per step of a training loop: all of it (rank 0's training clock), and of that the
-    model's own compute (forward, backward, update: the metrics' ``compute_s``)."""
-
-    step_s: float
-    compute_s: float
-
-
-def trainer_loop_times(
-    train_argv: list[str], short: int, long: int, scratch: Path, workers: int = 0
-) -> LoopTimes:
-    """Seconds per step of ``tether train`` with ``train_argv``: with ``workers`` 0, one worker
-    of sync-sgd (what a calibration point is); otherwise ``workers`` of local-sgd with a period
-    longer than the run, which never communicate and add no gradient hooks to the backward
-    pass. From one run of ``long`` steps: rank 0's metrics lines between steps ``short`` and
-    ``long``, so that start-up, the first steps' warm-up and the final evaluation are left
-    out."""
-    import subprocess
-    import sys
-
-    out = scratch / f"train-{workers}"
-    command = [sys.executable, "-m", "tether", "train", *train_argv]
-    if workers == 0:
-        command += ["--workers", "1", "--method", "sync-sgd"]
-    else:
-        command += ["--workers", str(workers), "--method", "local-sgd", "--tau", str(long + 1)]
-    command += ["--steps", str(long), "--eval-every", "1000000000"]
-    result = subprocess.run(
-        [*command, "--no-progress", "--out", str(out)], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        lines = (result.stderr or "").strip().splitlines()
-        raise TetherError(f"timing the trainer failed: {lines[-1] if lines else 'no message'}")
-    clock, compute = {}, []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if "time_s" not in entry or "loss" not in entry:
-            continue
-        if entry.get("step") in (short, long):
-            clock[entry["step"]] = float(entry["time_s"])
-        if short < entry.get("step", 0) <= long:
-            compute.append(float(entry["compute_s"]))
-    return LoopTimes(
-        max(0.0, (clock[long] - clock[short]) / (long - short)),
-        statistics.mean(compute) if compute else 0.0,
-    )
-
-
-def busy_node_slowdown(single: list[float], busy: list[float], workers: int, when: str) -> Sourced:
-    """The profile's ``busy_node_slowdown``: the median over paired samples of a worker's
-    compute per step (forward, backward, update) on a busy node over one worker's alone, at
-    least 1. Each busy-node sample is taken right after its one-worker sample, so the machine's
-    drift cancels in the pair."""
-    ratios = [b / s for s, b in zip(single, busy, strict=True) if s > 0]
-    if not ratios:
-        raise TetherError("no one-worker step time to compare the busy node's with")
-    return Sourced(
-        max(1.0, statistics.median(ratios)),
-        f"{when}: a worker's compute per step on {workers} workers that do not communicate "
-        f"(every core busy) over one worker's, median of {len(ratios)} pairs "
-        f"({min(ratios):.3f}-{max(ratios):.3f})",
-    )
-
-
-@dataclass
-class ComputeSamples:
-    """Samples of the model's step (layer by layer, ``time_layers``), of the training loop on one
-    worker, and of a pair of loops that never communicate, on one worker and on ``node_workers``
-    (every core busy; no pair when the node has one core), taken between a calibration's other
-    measurements: a shared machine's speed drifts over tens of seconds, and the median of
-    samples spread over the calibration stands for its typical speed where one sample may not.
-    The pair's two runs follow each other, so that they see the same machine."""
-
-    time_layers: Callable[[], tuple[Workload, float]]
-    train_argv: list[str]
-    steps: tuple[int, int]  # the training loop is timed between these two steps
-    node_workers: int
-    layers: list[tuple[Workload, float]] = field(default_factory=list)
-    single: list[LoopTimes] = field(default_factory=list)
-    alone: list[LoopTimes] = field(default_factory=list)  # the pair: one worker...
-    busy: list[LoopTimes] = field(default_factory=list)  # ...and node_workers
-
-    def take(self) -> None:
-        self.layers.append(self.time_layers())
-        with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
-            self.single.append(trainer_loop_times(self.train_argv, *self.steps, Path(scratch)))
-            if self.node_workers > 1:
-                for workers, into in ((1, self.alone), (self.node_workers, self.busy)):
-                    into.append(
-                        trainer_loop_times(self.train_argv, *self.steps, Path(scratch), workers)
-                    )
-
-    def loop_steps_s(self) -> list[float]:
-        return [times.step_s for times in self.single]
-
-    def workload(self) -> tuple[Workload, float]:
-        """The median timing of the model's step, with what the median training loop adds to it
-        (the batch, bookkeeping, the metrics line) as its ``data_s``; and the step's seconds."""
-        workload, step_s = median_sample(self.layers)
-        loop_s = statistics.median(self.loop_steps_s())
-        return dataclasses.replace(workload, data_s=max(0.0, loop_s - step_s)), step_s
-
-    def busy_node_slowdown(self, when: str) -> Sourced | None:
-        if not self.busy:
-            return None
-        alone = [times.compute_s for times in self.alone]
-        busy = [times.compute_s for times in self.busy]
-        return busy_node_slowdown(alone, busy, self.node_workers, when)
-
-    def to_dict(self) -> dict[str, list[float]]:
-        """Every sample, in the order taken: the spread says how steady the machine was."""
-        return {
-            "model_step_s": [step for _, step in self.layers],
-            "training_loop_step_s": self.loop_steps_s(),
-            "one_worker_compute_s": [times.compute_s for times in self.alone],
-            "busy_node_compute_s": [times.compute_s for times in self.busy],
-        }
-
-
 @dataclass(frozen=True)
 class Calibration:
     profile: HardwareProfile
@@ -309,7 +179,8 @@ def calibrate_machine(
     options: Any,
     say: Callable[[str], None],
 ) -> Calibration:
-    """Measure the running machine in this order: a compute sample (:class:`ComputeSamples`),
+    """Measure the running machine in this order: a compute sample
+    (:class:`~tether.bench.compute_samples.ComputeSamples`),
     the links, another sample, the server's wire, the samples left (``options.loop_runs`` in
     all), so that the samples span the whole calibration. ``options`` holds ``tether
     calibrate``'s ``workers``, ``threads_per_worker``, ``loop_steps``, ``loop_runs`` and
@@ -317,8 +188,7 @@ def calibrate_machine(
     threads = max(1, options.threads_per_worker)
     samples = ComputeSamples(
         time_layers,
-        train_argv,
-        (10, 10 + options.loop_steps),
+        TrainerLoops(train_argv, 10, 10 + options.loop_steps),
         min(ONE_NODE, len(usable_cores()) // threads),
     )
 
