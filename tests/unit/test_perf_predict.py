@@ -121,7 +121,7 @@ def test_shared_cores_slow_the_compute_and_stop_the_overlap() -> None:
     assert four.compute_s == pytest.approx(2 * COMPUTE)
     # a parameter server takes of a core what it is busy (its utilisation), not a whole one
     server = predict(WORKLOAD, "async-sgd", 4, two_cores)
-    busy = server.details["server_service_s"] * 4 / server.iteration_s
+    busy = server.details["server_service_s"] * 4 / server.details["closed_form_s"]
     assert 0 < busy < 1
     assert server.details["compute_slowdown"] == pytest.approx((4 + busy) / 2, rel=1e-6)
     # a saturated server (the rate bound by its service time) takes a whole core
@@ -257,3 +257,34 @@ def test_the_busy_node_slowdown_is_the_median_of_paired_samples() -> None:
     assert measured.value == pytest.approx(1.2)  # ratios 1.2, 1.5, 1.1
     assert "median of 3 pairs (1.100-1.500)" in measured.source
     assert busy_node_slowdown([0.010], [0.009], 2, "now").value == 1.0  # noise, not a speed-up
+
+
+def test_a_server_node_is_bound_by_its_cpu_work() -> None:
+    """On a node with fewer cores than processes, a server method's rate cannot exceed what the
+    cores do: per step, every local worker's compute plus, per exchange, the server's apply and
+    both ends of the push and the reply (4 message times on loopback). Here that bound is above
+    the closed form, so it is the prediction; with cores to spare, or across nodes (the network
+    carries the messages), the closed form stands."""
+    two_cores = profile_from_dict(_profile(cores=2))
+    m = A + MODEL_BYTES * B
+    service = 2 * MODEL_BYTES * G + A
+    bound = predict(WORKLOAD, "async-sgd", 4, two_cores)
+    floor = (4 * COMPUTE + 4 * (service + 4 * m)) / 2
+    assert bound.details["node_cpu_floor_s"] == pytest.approx(floor, rel=1e-9)
+    assert bound.details["closed_form_s"] < floor
+    assert bound.iteration_s == pytest.approx(floor, rel=1e-9)
+    # original-easgd exchanges every tau steps: a quarter of the exchanges' work per step
+    tau = 4
+    easgd = predict(WORKLOAD, "original-easgd", 4, two_cores, tau=tau)
+    easgd_service = 3 * MODEL_BYTES * G + A
+    expected = (4 * COMPUTE + 4 / tau * (easgd_service + 4 * m)) / 2
+    assert easgd.details["node_cpu_floor_s"] == pytest.approx(expected, rel=1e-9)
+    # cores to spare: the bound is below the closed form, which stands
+    many = predict(WORKLOAD, "async-sgd", 4, profile_from_dict(_profile(cores=16)))
+    assert many.details["node_cpu_floor_s"] < many.details["closed_form_s"]
+    assert many.iteration_s == many.details["closed_form_s"]
+    # no core count (a GPU profile): no bound
+    assert predict(WORKLOAD, "async-sgd", 4, PROFILE).details["node_cpu_floor_s"] == 0.0
+    # across nodes the messages are the network's: only compute and the server's apply count
+    apart = predict(WORKLOAD, "async-sgd", 4, profile_from_dict(_profile(cores=2, per_node=2)))
+    assert apart.details["node_cpu_floor_s"] == pytest.approx((2 * COMPUTE + 4 * service) / 2)

@@ -21,7 +21,9 @@ Workers that share a node's cores compute slower in proportion (``cores_per_node
 server takes the share of a core it is busy, its utilisation), and on an oversubscribed node
 nothing overlaps: the cores that would hide the communication are busy. Workers on cores of
 their own still slow each other by what the cores share, where the profile measured it
-(``busy_node_slowdown``).
+(``busy_node_slowdown``). A server method's rate is also bounded by the CPU work its node must
+do per step (compute, the server's apply, both ends of every loopback message) over the node's
+cores.
 """
 
 from __future__ import annotations
@@ -259,6 +261,30 @@ def _server_slowdown(
     return _slowdown(profile, setup, links, (low + high) / 2)
 
 
+def _node_cpu_floor(
+    alone: StepTimes,
+    profile: HardwareProfile,
+    setup: Setup,
+    links: Links,
+    service: float,
+    message: float,
+) -> float:
+    """The fewest seconds per local step the server's node allows when its cores are what limit
+    it: while each worker takes a step, the node's cores must do its workers' compute and, for
+    every exchange, the server's apply and both ends of the push and of the reply (on loopback
+    a message keeps its sender and its receiver busy for its whole time; between nodes the
+    network carries it). A bound on the closed form's rate, which counts a message as waiting
+    only; 0 on a profile without a core count (a GPU's)."""
+    if profile.cores_per_node <= 0:
+        return 0.0
+    on_node = min(setup.workers, links.ranks_per_node)
+    local_message = 0.0 if setup.workers > links.ranks_per_node else message
+    exchanges = setup.workers / _steps_per_exchange(setup)
+    demand = on_node * setup.threads_per_worker * alone.compute_s
+    demand += exchanges * (service + 4 * local_message)
+    return demand / profile.cores_per_node
+
+
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
     """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
     if setup.method not in PREDICTED_METHODS:
@@ -292,6 +318,9 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
         total, compute, comm = it.total_s, it.compute_s, it.comm_s
     else:
         total, service, message = _server(steps, setup, links)
+        floor = _node_cpu_floor(alone, profile, setup, links, service, message)
+        details.update({"closed_form_s": total, "node_cpu_floor_s": floor})
+        total = max(total, floor)
         compute = steps.compute_s
         exchanges = 1 / _steps_per_exchange(setup)
         comm = (2 * message + service) * exchanges
