@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
-from tether.bench.compute_samples import busy_node_slowdown, median_sample
+from tether.bench.compute_samples import busy_node_slowdown, loop_times_from_metrics, median_sample
 from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
@@ -257,6 +257,23 @@ def test_the_busy_node_slowdown_is_the_median_of_paired_samples() -> None:
     assert measured.value == pytest.approx(1.2)  # ratios 1.2, 1.5, 1.1
     assert "median of 3 pairs (1.100-1.500)" in measured.source
     assert busy_node_slowdown([0.010], [0.009], 2, "now").value == 1.0  # noise, not a speed-up
+
+
+def test_the_loop_is_timed_between_two_steps_of_the_metrics() -> None:
+    """The training clock's difference between the two steps over their distance, and the mean
+    compute of the steps after the first; evaluation lines (no loss) are skipped, and metrics
+    without one of the steps are one line, not a KeyError."""
+    import json
+
+    lines = [{"step": s, "loss": 1.0, "time_s": 0.5 + 0.02 * s, "compute_s": 0.01 * s}
+             for s in range(1, 7)]  # fmt: skip
+    lines.insert(3, {"step": 3, "time_s": 9.0, "accuracy": 0.5})  # an evaluation
+    metrics = "\n".join(json.dumps(line) for line in lines)
+    times = loop_times_from_metrics(metrics, 2, 6)
+    assert times.step_s == pytest.approx(0.02)
+    assert times.compute_s == pytest.approx(0.01 * (3 + 4 + 5 + 6) / 4)
+    with pytest.raises(TetherError, match="lack step 2 or 9"):
+        loop_times_from_metrics(metrics, 2, 9)
 
 
 def test_a_server_node_is_bound_by_its_cpu_work() -> None:
