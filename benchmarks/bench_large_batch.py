@@ -127,8 +127,12 @@ def _rates(text: str) -> dict[str, float]:
             raise argparse.ArgumentTypeError(
                 f"expected optimizer=lr or optimizer:batch=lr like lars:8192=32, got {item!r}"
             ) from None
-        if optimizer not in OPTIMIZERS or (batch and not batch.isdigit()):
+        if optimizer not in OPTIMIZERS or (":" in where and not batch.isdigit()):
             raise argparse.ArgumentTypeError(f"unknown cell {where!r} in {item!r}")
+        if optimizer == "momentum":
+            raise argparse.ArgumentTypeError(
+                f"momentum takes the linear scaling rule's rate, not a starting rate: {item!r}"
+            )
     return rates
 
 
@@ -177,6 +181,7 @@ class Runs:
         self.gate = threading.Semaphore(parallel)
         self.lock = threading.Lock()
         self.done: dict[str, dict[str, Any]] = {}
+        self.found = 0  # runs read back from the file
         if reuse and cells.exists():
             for line in filter(None, cells.read_text().splitlines()):
                 entry = json.loads(line)
@@ -188,9 +193,10 @@ class Runs:
         key = json.dumps({"method": method, "workers": workers, **options}, sort_keys=True)
         with self.lock:
             if key in self.done:
+                self.found += 1
                 return self.done[key]
         if self.offline:  # a table from the file alone (e.g. runs made on another machine)
-            return {"error": NOT_RUN}
+            return self._recorded_elsewhere(options, method, workers)
         with self.gate:
             name = f"{method}-{workers}-{abs(hash(key)):x}"
             record = run_fit(options, self.scratch / name, method, workers)
@@ -201,20 +207,42 @@ class Runs:
                 handle.write(json.dumps(entry) + "\n")
         return record
 
+    def _recorded_elsewhere(self, options: dict[str, Any], method: str, workers: int) -> dict:
+        """The run as recorded by a sweep with the other ``--parallel`` setting (the key holds
+        ``threads_per_worker`` only where runs went side by side), else not run."""
+        other = dict(options)
+        if other.pop("threads_per_worker", None) is None:
+            other["threads_per_worker"] = 1
+        key = json.dumps({"method": method, "workers": workers, **other}, sort_keys=True)
+        with self.lock:
+            if key in self.done:
+                self.found += 1
+                return self.done[key]
+        return {"error": NOT_RUN}
 
-def recorded_machine(cells: Path) -> dict[str, str] | None:
-    """The machine the runs in ``cells`` were made on, where they all name the same one (an
-    ``--offline`` table is labelled with it, not with the machine that builds the table)."""
-    if not cells.exists():
-        return None
+
+def recorded_machine(cells: Path) -> dict[str, str]:
+    """The machine the runs in ``cells`` were made on (an ``--offline`` table is labelled with
+    it, not with the machine that builds the table); exits in one line where the file holds no
+    runs, or runs without their machine or of several machines."""
+    lines = [json.loads(line) for line in cells.read_text().splitlines() if line] if (
+        cells.exists()
+    ) else []  # fmt: skip
+    if not lines:
+        raise SystemExit(f"--offline: no runs in {cells}; pass the runs file with --cells FILE")
     seen = set()
-    for line in filter(None, cells.read_text().splitlines()):
-        recorded = json.loads(line).get("machine")
+    for entry in lines:
+        recorded = entry.get("machine")
         if recorded is None:
-            return None
+            raise SystemExit(
+                f"--offline: {cells} has runs that do not record their machine (written before "
+                "runs did); the table could not say where it was measured"
+            )
         recorded.pop("host", None)  # two leases of the same kind of machine are one machine here
         seen.add(json.dumps(recorded, sort_keys=True))
-    return json.loads(seen.pop()) if len(seen) == 1 else None
+    if len(seen) > 1:
+        raise SystemExit(f"--offline: {cells} holds runs of {len(seen)} machines; one per table")
+    return json.loads(seen.pop())
 
 
 def tune(
@@ -248,6 +276,7 @@ def best_rate(tried: dict[float, dict[str, Any]]) -> float:
 def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
     batches = [int(b) for b in args.batches.split(",")]
     runs = Runs(args.cells, scratch, args.parallel, args.reuse or args.offline, args.offline)
+    easgd_runs = Runs(args.cells, scratch, 1, args.reuse or args.offline, args.offline)
 
     def job(optimizer: str, batch: int, lr: float, seed: int) -> dict[str, Any]:
         record = runs.fit({**cell_options(optimizer, batch, lr, args), "seed": seed})
@@ -275,7 +304,6 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     # worker processes). An elastic worker's own update covers its batch of 2048 and is then
     # pulled toward the center, so the rate is tuned for it, from half the one-process rate.
     easgd: dict[str, dict[float, dict[str, Any]]] = {}
-    easgd_runs = Runs(args.cells, scratch, 1, args.reuse or args.offline, args.offline)
     lars_4096 = results.get(("lars", 4096), {}).get("lr", starting_lr("lars", 4096))
     for method in ("sync-easgd", "async-easgd") if args.elastic else ():
 
@@ -286,6 +314,12 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
             return record
 
         easgd[method] = tune(elastic, lars_4096 / 2, EASGD_GRID)
+
+    if args.offline and runs.found + easgd_runs.found == 0:
+        raise SystemExit(
+            f"--offline: no run in {args.cells} has these settings; give --epochs, "
+            "--warmup-epochs, --batches and --start-lr as the sweep had them"
+        )
 
     def cell(o: str, b: int) -> str:
         if (o, b) not in results or all(
@@ -310,7 +344,7 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     ]
     for b in batches:
         lines.append(f"| {b} | " + " | ".join(cell(o, b) for o in OPTIMIZERS) + " |")
-    if easgd:
+    if any(r.get("error") != NOT_RUN for tried in easgd.values() for r in tried.values()):
         lines += [
             "",
             "LARS under the elastic methods at 4096 (2 workers x 512 x accumulate 4, seed 0, the rate"
@@ -320,6 +354,8 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
             "|---|---|",
         ]
     for method, tried in easgd.items():
+        if all(r.get("error") == NOT_RUN for r in tried.values()):
+            continue
         ranked = sorted(tried.items(), key=lambda kv: -(kv[1].get("accuracy") or 0.0))
         lines.append(
             f"| {method} | "
@@ -472,8 +508,8 @@ def main() -> None:
     parser.add_argument(
         "--offline",
         action="store_true",
-        help="part batches: the table from --cells alone, running nothing (runs missing there "
-        "count as failed)",
+        help="part batches: the table from --cells alone, running nothing (a run missing there "
+        "is left out and its cell says so), labelled with the machine the runs recorded",
     )
     parser.add_argument(
         "--only",
@@ -496,7 +532,9 @@ def main() -> None:
     )
     parser.add_argument("--stem", help="the result file's name (default: large_batch_PART)")
     args = parser.parse_args()
-    info = (args.offline and recorded_machine(args.cells)) or machine()
+    if args.offline and args.part != "batches":
+        parser.error("--offline builds part batches' table; part precision has no runs file")
+    info = recorded_machine(args.cells) if args.offline else machine()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-large-batch-") as scratch:
         part = part_batches if args.part == "batches" else part_precision

@@ -267,7 +267,7 @@ def test_the_loop_is_timed_between_two_steps_of_the_metrics() -> None:
 
     lines = [{"step": s, "loss": 1.0, "time_s": 0.5 + 0.02 * s, "compute_s": 0.01 * s}
              for s in range(1, 7)]  # fmt: skip
-    lines.insert(3, {"step": 3, "time_s": 9.0, "accuracy": 0.5})  # an evaluation
+    lines.append({"step": 6, "time_s": 9.0, "accuracy": 0.5})  # the final evaluation
     metrics = "\n".join(json.dumps(line) for line in lines)
     times = loop_times_from_metrics(metrics, 2, 6)
     assert times.step_s == pytest.approx(0.02)
@@ -300,6 +300,11 @@ def test_a_server_node_is_bound_by_its_cpu_work() -> None:
     many = predict(WORKLOAD, "async-sgd", 4, profile_from_dict(_profile(cores=16)))
     assert many.details["node_cpu_floor_s"] < many.details["closed_form_s"]
     assert many.iteration_s == many.details["closed_form_s"]
+    # hogwild-sgd shares weights in memory: no messages, only compute and the apply
+    hogwild = predict(WORKLOAD, "hogwild-sgd", 4, two_cores)
+    assert hogwild.details["node_cpu_floor_s"] == pytest.approx(
+        (4 * COMPUTE + 4 * 2 * MODEL_BYTES * G) / 2, rel=1e-9
+    )
     # no core count (a GPU profile): no bound
     assert predict(WORKLOAD, "async-sgd", 4, PROFILE).details["node_cpu_floor_s"] == 0.0
     # across nodes the messages are the network's: only compute and the server's apply count
