@@ -325,8 +325,8 @@ def add_perf_parsers(sub: Any) -> None:
         "--loop-runs",
         type=int,
         default=3,
-        help="samples of the model's step and the training loop, spread over the calibration; "
-        "the median counts (default 3)",
+        help="samples of the model's step, the training loop and the links, spread over the "
+        "calibration; the medians count (default 3)",
     )
     calibrate.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
     calibrate.add_argument("--out", metavar="FILE", help="default runs/calibrate-TIME/profile.json")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tether.bench.link_fit import fit_ring
 from tether.cli import main
 from tether.launch.partition import usable_cores
 
@@ -75,6 +76,7 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     assert data["workload"]["model"] == "mlp" and data["workload"]["batch_size"] == 32
     assert data["workload"]["data_s"] >= 0  # the training loop's own cost, timed
     assert len(data["all_reduce_points"]) == 6  # native all-reduce at 4 KiB .. 16 MiB
+    assert data["all_reduce_points_per_measurement"] == [data["all_reduce_points"]]
     wire = hardware["server_wire"]  # the parameter server's socket wire, timed on 2 ranks
     assert wire["alpha"]["value"] > 0 and "socket-wire round trips" in wire["alpha"]["source"]
     trips = data["server_wire_round_trips"]
@@ -91,9 +93,10 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
 def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The model's step, the training loop and the busy-node pair are sampled before the links,
-    between the links and the wire, and after the wire; the medians are kept. The
-    measurements are stand-ins here (the test above runs the real ones)."""
+    """The model's step, the training loop and the busy-node pair are sampled three times, each
+    time followed by a measurement of the links (the wire once, after the first); the medians are
+    kept: for the links, the ring fitted to each size's median time. The measurements are
+    stand-ins here (the test above runs the real ones)."""
     from tether import perf_commands
     from tether.bench import calibrate, compute_samples, server_wire
 
@@ -112,9 +115,14 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         compute = next(computes)
         return compute_samples.LoopTimes(compute + 0.001, compute)
 
+    # three measurements of the links: (4 KiB, 1 MiB) times and gamma; medians 2e-3, 4e-3, 2e-10
+    link_times = iter([(1e-3, 4e-3, 3e-10), (3e-3, 2e-3, 1e-10), (2e-3, 9e-3, 2e-10)])
+
     def links(workers, threads, timeout_s):
         order.append("links")
-        return calibrate.LinkFit(1e-4, 1e-9, 1e-10, workers, [(4096.0, 1e-3)], "now")
+        small, large, gamma = next(link_times)
+        points = [(4096.0, small), (1048576.0, large)]
+        return calibrate.LinkFit(*fit_ring(points, workers), gamma, workers, points, "now")
 
     def wire(timeout_s):
         order.append("wire")
@@ -131,8 +139,15 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
     assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0
     sample = ["layers", "loop", "alone", "busy"]
-    assert order == [*sample, "links", *sample, "wire", *sample]
+    assert order == [*sample, "links", "wire", *sample, "links", *sample, "links"]
     data = json.loads(out.read_text())
+    alpha, beta = fit_ring([(4096.0, 2e-3), (1048576.0, 4e-3)], 2)
+    assert data["hardware"]["intra"]["alpha"]["value"] == pytest.approx(alpha)
+    assert data["hardware"]["intra"]["beta"]["value"] == pytest.approx(beta)
+    assert data["hardware"]["gamma"]["value"] == pytest.approx(2e-10)
+    assert "median of 3 measurements" in data["hardware"]["intra"]["alpha"]["source"]
+    assert data["all_reduce_points"] == [[4096.0, 2e-3], [1048576.0, 4e-3]]
+    assert [m[1][1] for m in data["all_reduce_points_per_measurement"]] == [4e-3, 2e-3, 9e-3]
     assert data["training_loop_step_s"] == pytest.approx([0.011, 0.013, 0.015])
     assert data["one_worker_compute_s"] == [0.002, 0.004, 0.006]
     assert data["busy_node_compute_s"] == [0.005, 0.0044, 0.0066]

@@ -216,6 +216,31 @@ def test_the_link_fits_recover_alpha_and_beta() -> None:
         fit_alpha_beta(trips[:1], messages=2, bytes_factor=2)
 
 
+def test_several_measurements_of_the_links_fit_each_sizes_median() -> None:
+    """The ring is fitted to each size's median time over the measurements (one slow spell does
+    not set the profile); measurements of different sizes do not combine."""
+    from tether.bench.calibrate import LinkFit, median_links
+
+    def fit(small: float, large: float, gamma: float) -> LinkFit:
+        points = [(4096.0, small), (1048576.0, large)]
+        return LinkFit(*fit_ring(points, 2), gamma, 2, points, "now")
+
+    combined = median_links(
+        [fit(1e-3, 9e-3, 3e-10), fit(5e-3, 2e-3, 1e-10), fit(2e-3, 4e-3, 2e-10)]
+    )
+    assert combined.points == [(4096.0, 2e-3), (1048576.0, 4e-3)]
+    assert (combined.alpha, combined.beta) == pytest.approx(
+        fit_ring([(4096.0, 2e-3), (1048576.0, 4e-3)], 2)
+    )
+    assert combined.gamma == 2e-10 and combined.measurements == 3
+    assert median_links([fit(1e-3, 9e-3, 3e-10)]).measurements == 1
+    other = LinkFit(1e-4, 1e-9, 1e-10, 2, [(8192.0, 1e-3), (1048576.0, 2e-3)], "now")
+    with pytest.raises(TetherError, match="different sizes"):
+        median_links([fit(1e-3, 9e-3, 3e-10), other])
+    with pytest.raises(TetherError, match="no measurement"):
+        median_links([])
+
+
 def test_the_calibration_keeps_the_timing_of_median_speed() -> None:
     """Of several timings of the model's step, calibrate keeps the median one whole (its layers
     together), so one timing in a fast or slow spell of the machine does not set the profile."""

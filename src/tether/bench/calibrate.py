@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import socket
+import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,22 @@ class LinkFit:
     workers: int
     points: list[tuple[float, float]]  # (bytes, seconds) of native all-reduce
     when: str
+    measurements: int = 1  # each size's time is the median of this many spread-out measurements
+
+
+def median_links(fits: list[LinkFit]) -> LinkFit:
+    """Several measurements of the links as one: the ring fitted to each size's median time,
+    gamma's median. A shared machine's all-reduce latency changes over seconds; one measurement
+    taken in a fast or slow spell would set every prediction's communication."""
+    if not fits:
+        raise TetherError("no measurement of the links to combine")
+    sizes = [n for n, _ in fits[0].points]
+    if any([n for n, _ in fit.points] != sizes for fit in fits):
+        raise TetherError("the links' measurements timed different sizes: they cannot combine")
+    points = [(n, statistics.median(fit.points[i][1] for fit in fits)) for i, n in enumerate(sizes)]
+    alpha, beta = fit_ring(points, fits[0].workers)
+    gamma = statistics.median(fit.gamma for fit in fits)
+    return LinkFit(alpha, beta, gamma, fits[0].workers, points, fits[0].when, len(fits))
 
 
 def measure_links(workers: int, threads: int, timeout_s: float) -> LinkFit:
@@ -91,9 +108,14 @@ def hardware_profile(
     the fitted links (and the parameter server's wire, ``wire``), the achieved FLOP/s of the
     timed model and how much a busy node slows a worker (``busy``)."""
     where = f"tether calibrate on {socket.gethostname()}, {links.when}"
+    medians = (
+        f" (each the median of {links.measurements} measurements spread over the calibration)"
+        if links.measurements > 1
+        else ""
+    )
     fit = (
         f"{where}: ring formula fitted to native all-reduce times on {links.workers} ranks "
-        f"at {', '.join(LINK_SIZES)}"
+        f"at {', '.join(LINK_SIZES)}{medians}"
     )
     cores = len(usable_cores())
     flops = 3 * workload.forward_flops / step_s if step_s > 0 else 0.0
@@ -158,7 +180,8 @@ class Calibration:
     profile: HardwareProfile
     workload: Workload  # the median timing, with the training loop's own cost as its data_s
     step_s: float  # the model's own step in that timing
-    links: LinkFit
+    links: LinkFit  # the median of link_samples
+    link_samples: list[LinkFit]
     wire: WireFit
     samples: ComputeSamples
 
@@ -166,6 +189,7 @@ class Calibration:
         """What the profile file keeps beside the profile: every measured point and sample."""
         return {
             "all_reduce_points": self.links.points,
+            "all_reduce_points_per_measurement": [fit.points for fit in self.link_samples],
             "server_wire_round_trips": self.wire.points,
             **self.samples.to_dict(),
         }
@@ -179,10 +203,10 @@ def calibrate_machine(
     options: Any,
     say: Callable[[str], None],
 ) -> Calibration:
-    """Measure the running machine in this order: a compute sample
-    (:class:`~tether.bench.compute_samples.ComputeSamples`),
-    the links, another sample, the server's wire, the samples left (``options.loop_runs`` in
-    all), so that the samples span the whole calibration. ``options`` holds ``tether
+    """Measure the running machine: ``options.loop_runs`` rounds of a compute sample
+    (:class:`~tether.bench.compute_samples.ComputeSamples`) and a measurement of the links, the
+    server's wire after the first round, so that the samples of both span the whole
+    calibration; the medians are kept (:func:`median_links`). ``options`` holds ``tether
     calibrate``'s ``workers``, ``threads_per_worker``, ``loop_steps``, ``loop_runs`` and
     ``timeout``; ``say`` reports each step."""
     threads = max(1, options.threads_per_worker)
@@ -200,19 +224,24 @@ def calibrate_machine(
         )
         samples.take()
 
-    take_sample()
-    say(f"timing native all-reduce on {options.workers} local ranks (seconds)")
-    links = measure_links(options.workers, threads, options.timeout)
-    if len(samples.single) < options.loop_runs:
+    link_samples: list[LinkFit] = []
+    wire: WireFit | None = None
+    for _ in range(options.loop_runs):
         take_sample()
-    say("timing the parameter server's wire on 2 local ranks")
-    wire = measure_server_wire(options.timeout)
-    while len(samples.single) < options.loop_runs:
-        take_sample()
+        say(
+            f"timing native all-reduce on {options.workers} local ranks "
+            f"({len(link_samples) + 1} of {options.loop_runs})"
+        )
+        link_samples.append(measure_links(options.workers, threads, options.timeout))
+        if wire is None:
+            say("timing the parameter server's wire on 2 local ranks")
+            wire = measure_server_wire(options.timeout)
+    assert wire is not None, "loop_runs is at least 1 (checked by the command)"
+    links = median_links(link_samples)
     workload, step_s = samples.workload()
     busy = samples.busy_node_slowdown(links.when)
     profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
-    return Calibration(profile, workload, step_s, links, wire, samples)
+    return Calibration(profile, workload, step_s, links, link_samples, wire, samples)
 
 
 def write_calibration(
