@@ -171,8 +171,7 @@ def time_model(
         )
     finally:
         torch.set_num_threads(before)
-    step = sum(layer.forward_s + layer.backward_s for layer in workload.layers)
-    return workload, step + workload.update_s
+    return workload, workload.timed_step_s
 
 
 @dataclass(frozen=True)

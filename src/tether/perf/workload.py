@@ -90,6 +90,12 @@ class Workload:
     def forward_flops(self) -> float:
         return sum(layer.forward_flops for layer in self.layers)
 
+    @property
+    def timed_step_s(self) -> float:
+        """The model's own step as timed: every layer's forward and backward and the update
+        (``data_s``, the training loop's share, left out)."""
+        return sum(layer.forward_s + layer.backward_s for layer in self.layers) + self.update_s
+
     def at_batch(self, batch_size: int) -> Workload:
         """The same model at another per-worker batch: compute scales with the batch (the
         layers' work is per sample), the update does not."""
