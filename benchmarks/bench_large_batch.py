@@ -182,6 +182,7 @@ class Runs:
         self.lock = threading.Lock()
         self.done: dict[str, dict[str, Any]] = {}
         self.found = 0  # runs read back from the file
+        self.machine = machine()  # recorded with every run
         if reuse and cells.exists():
             for line in filter(None, cells.read_text().splitlines()):
                 entry = json.loads(line)
@@ -190,35 +191,37 @@ class Runs:
     def fit(self, options: dict[str, Any], method: str = "sync-sgd", workers: int = 1) -> dict:
         if self.parallel > 1:  # one thread per run: two runs of two threads on 2 cores thrash
             options = {**options, "threads_per_worker": 1}
-        key = json.dumps({"method": method, "workers": workers, **options}, sort_keys=True)
-        with self.lock:
-            if key in self.done:
-                self.found += 1
-                return self.done[key]
-        if self.offline:  # a table from the file alone (e.g. runs made on another machine)
-            return self._recorded_elsewhere(options, method, workers)
+        key = _run_key(method, workers, options)
+        recorded = self._read_back(key)
+        if recorded is not None:
+            return recorded
+        if self.offline:  # a table from the file alone (e.g. runs made on another machine):
+            # also a run of a sweep with the other --parallel setting (the key holds
+            # threads_per_worker only where runs went side by side)
+            other = dict(options)
+            if other.pop("threads_per_worker", None) is None:
+                other["threads_per_worker"] = 1
+            return self._read_back(_run_key(method, workers, other)) or {"error": NOT_RUN}
         with self.gate:
             name = f"{method}-{workers}-{abs(hash(key)):x}"
             record = run_fit(options, self.scratch / name, method, workers)
         with self.lock:
             self.done[key] = record
             with self.cells.open("a") as handle:
-                entry = {"key": key, "result": record, "machine": machine()}
+                entry = {"key": key, "result": record, "machine": self.machine}
                 handle.write(json.dumps(entry) + "\n")
         return record
 
-    def _recorded_elsewhere(self, options: dict[str, Any], method: str, workers: int) -> dict:
-        """The run as recorded by a sweep with the other ``--parallel`` setting (the key holds
-        ``threads_per_worker`` only where runs went side by side), else not run."""
-        other = dict(options)
-        if other.pop("threads_per_worker", None) is None:
-            other["threads_per_worker"] = 1
-        key = json.dumps({"method": method, "workers": workers, **other}, sort_keys=True)
+    def _read_back(self, key: str) -> dict[str, Any] | None:
         with self.lock:
-            if key in self.done:
-                self.found += 1
-                return self.done[key]
-        return {"error": NOT_RUN}
+            if key not in self.done:
+                return None
+            self.found += 1
+            return self.done[key]
+
+
+def _run_key(method: str, workers: int, options: dict[str, Any]) -> str:
+    return json.dumps({"method": method, "workers": workers, **options}, sort_keys=True)
 
 
 def recorded_machine(cells: Path) -> dict[str, str]:
