@@ -14,13 +14,12 @@ import sys
 import tomllib
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from tether.catalog import task_from_config
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides
 from tether.launch.env import DistEnv, cache_dir, server_wire_address
+from tether.launch.error_file import record_errors
 from tether.launch.exits import worker_exit_status
 from tether.launch.local import launch_local
 from tether.launch.partition import Partition
@@ -44,7 +43,7 @@ def placement_of(env: DistEnv, partition: Partition | None = None) -> Placement:
     )
 
 
-@record
+@record_errors
 def run_worker(config_toml: str, task_file: str | None = None) -> None:
     """Entry point of a training worker: ``config_toml`` is the fully resolved config;
     ``task_file`` the task ``tether.fit`` wrote (None: build it from the config's names)."""
@@ -58,8 +57,8 @@ def run_worker(config_toml: str, task_file: str | None = None) -> None:
     )
     Trainer(config, task, runtime).run()
     # After a clean run only. After an error the group is left as it is: closing this rank's
-    # connections before ``record`` has written the error would let a peer fail first on the
-    # closed connection and be reported as the cause; the process exits right after anyway.
+    # connections before ``record_errors`` has written the error would let a peer fail first on
+    # the closed connection and be reported as the cause; the process exits right after anyway.
     shut_down_process_group()
 
 

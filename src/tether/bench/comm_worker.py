@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from tether.bench.comm import CommBenchArgs, add_bench_options, args_from_namespace
 from tether.bench.comm_launch import hang_file
@@ -45,6 +44,7 @@ from tether.comm.collectives.hierarchical import Hierarchical, launch_node_size
 from tether.errors import TetherError
 from tether.launch.affinity import pin_main_thread, pinned_core
 from tether.launch.env import cache_dir, launcher_local_world_size
+from tether.launch.error_file import record_errors
 
 Predict = Callable[[str, str, float], float | None]
 
@@ -188,7 +188,7 @@ def predictor(
     return predict, {"source": "tether.comm.calibration", **info}
 
 
-@record
+@record_errors
 def run(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     args = args_from_namespace(ns)

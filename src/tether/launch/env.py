@@ -121,7 +121,7 @@ def prepare_local_environment() -> None:
 
 
 def elastic_error_file() -> str | None:
-    """Where torch's elastic agent wants this process's structured error (``@record`` writes it),
+    """Where torch's elastic agent wants this process's structured error (:mod:`tether.launch.error_file` writes it),
     or None when the process was not started by an elastic agent."""
     return os.environ.get("TORCHELASTIC_ERROR_FILE") or None
 

@@ -2,9 +2,10 @@
 workers (:mod:`tether.runner`) and the benchmark's ranks
 (:mod:`tether.bench.comm_worker`), and for the launchers that start them.
 
-Under torch's elastic agent a worker's exception is written by ``@record`` to the agent's error
-file and the launcher reports it in one line (keeping the traceback in the run directory), so the
-worker prints nothing itself and exits 1. Run by hand, outside an agent, a :class:`TetherError`
+Under torch's elastic agent a worker's exception is written by
+:func:`tether.launch.error_file.record_errors` to the agent's error file and the launcher reports
+it in one line (keeping the traceback in the run directory), so the worker prints nothing itself
+and exits 1. Run by hand, outside an agent, a :class:`TetherError`
 is a one-line error (exit 2, as the CLI's) and anything else keeps its traceback.
 """
 

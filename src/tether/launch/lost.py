@@ -33,24 +33,6 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def read_error_file(path: str | None) -> dict[str, str]:
-    """The exception that ``@record`` wrote to the elastic error file: message and traceback."""
-    if path is None:
-        return {}
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    info = data.get("message", {}) if isinstance(data, dict) else {}
-    if not isinstance(info, dict):
-        return {"message": str(info)}
-    extra = info.get("extraInfo", {})
-    return {
-        "message": str(info.get("message", "")),
-        "traceback": str(extra.get("py_callstack", "")) if isinstance(extra, dict) else "",
-    }
-
-
 def lost_record(rank: int, returncode: int, error: dict[str, str]) -> dict[str, Any]:
     now = time.time()
     how = describe_exit(returncode)

@@ -6,7 +6,8 @@ synchronous methods, but an asynchronous parameter server can carry on without a
 of the agent's worker slots; it runs the real worker as its child and, when a worker rank other
 than the server (rank 0) fails, writes ``LOST_DIR/rank-R.json`` and exits 0, so the agent keeps the
 others running. Any other failure is passed on with the child's exit status, and the child's
-``@record`` error file (it inherits the agent's TORCHELASTIC_ERROR_FILE) still reaches the agent.
+error file (:mod:`tether.launch.error_file`; the child inherits the agent's
+TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
 When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
 ``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
@@ -42,11 +43,11 @@ from pathlib import Path
 from types import FrameType
 
 from tether.launch.env import DistEnv, elastic_error_file
+from tether.launch.error_file import read_error_file
 from tether.launch.lost import (
     SERVER_FINISHED,
     given_up_by_server,
     lost_record,
-    read_error_file,
     write_lost_record,
 )
 
