@@ -144,6 +144,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             if busy is not None
             else ""
         )
+        + (
+            f"; an exchange in training costs {load.alpha.value * 1e6:.1f} us more per message "
+            f"and waits {load.skew.value * 1e3:.2f} ms for the later of 2 ranks"
+            if (load := profile.exchange_load) is not None
+            else ""
+        )
     )
     print(f"tether: wrote {out} (tether predict --profile {out})", file=sys.stderr)
     return 0

@@ -11,6 +11,9 @@ import pytest
 from tether.bench.link_fit import fit_ring
 from tether.cli import main
 from tether.launch.partition import usable_cores
+from tether.perf.predict import Setup, predict
+from tether.perf.profile import load_profile
+from tether.perf.workload import Workload
 
 
 def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -81,7 +84,15 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     assert wire["alpha"]["value"] > 0 and "socket-wire round trips" in wire["alpha"]["source"]
     trips = data["server_wire_round_trips"]
     assert len(trips) == 5 and all(seconds > 0 for _, seconds in trips)
-    capsys.readouterr()
+    # the exchange in training: two sync-sgd runs on 2 workers, and the load fitted to them
+    assert all(
+        len(data[k]) == 1 and data[k][0] > 0
+        for k in ("exchange_fused_step_s", "exchange_per_tensor_step_s")
+    )
+    load = hardware["exchange_load"]
+    assert load["alpha"]["value"] >= 0 and load["skew"]["value"] >= 0
+    assert "sync-sgd without overlap on 2 workers" in load["skew"]["source"]
+    assert "an exchange in training costs" in capsys.readouterr().out
     argv = ["predict", "--profile", str(profile), "--model", "mlp", "--dataset", "digits"]
     argv += ["--batch-size", "64", "--workers", "1,2", "--out", str(tmp_path / "p")]
     assert main(argv) == 0
@@ -94,9 +105,9 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The model's step, the training loop and the busy-node pair are sampled three times, each
-    time followed by a measurement of the links (the wire once, after the first); the medians are
-    kept: for the links, the ring fitted to each size's median time. The measurements are
-    stand-ins here (the test above runs the real ones)."""
+    time followed by a measurement of the links (the wire once, after the first) and of the
+    exchange in training; the medians are kept: for the links, the ring fitted to each size's
+    median time. The measurements are stand-ins here (the test above runs the real ones)."""
     from tether import perf_commands
     from tether.bench import calibrate, compute_samples, server_wire
 
@@ -132,6 +143,15 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     loops = compute_samples.TrainerLoops
     monkeypatch.setattr(loops, "one_worker", lambda self: loop("loop"))
     monkeypatch.setattr(loops, "quiet", lambda self, n: loop({1: "alone", 2: "busy"}[n]))
+    # sync-sgd on 2 workers without overlap: fused, then a message per tensor (medians 30, 60 ms)
+    exchange_times = iter([0.030, 0.060, 0.020, 0.070, 0.040, 0.050])
+
+    def exchanging(self, workers, bucket_mb):
+        order.append(f"exchange {bucket_mb:g}")
+        step = next(exchange_times)
+        return compute_samples.LoopTimes(step, step / 2)
+
+    monkeypatch.setattr(loops, "exchanging", exchanging)
     monkeypatch.setattr(calibrate, "measure_links", links)
     monkeypatch.setattr(calibrate, "measure_server_wire", wire)
     monkeypatch.setattr(calibrate, "usable_cores", lambda: [0, 1])
@@ -139,7 +159,12 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
     assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0
     sample = ["layers", "loop", "alone", "busy"]
-    assert order == [*sample, "links", "wire", *sample, "links", *sample, "links"]
+    exchange = ["exchange 25", "exchange 0"]
+    assert order == [
+        *[*sample, "links", *exchange, "wire"],
+        *[*sample, "links", *exchange],
+        *[*sample, "links", *exchange],
+    ]
     data = json.loads(out.read_text())
     alpha, beta = fit_ring([(4096.0, 2e-3), (1048576.0, 4e-3)], 2)
     assert data["hardware"]["intra"]["alpha"]["value"] == pytest.approx(alpha)
@@ -154,6 +179,12 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     # the median pair ratio (2.5, 1.1, 1.1), not the ratio of the medians (0.005 / 0.004)
     assert data["hardware"]["busy_node_slowdown"]["value"] == pytest.approx(1.1)
     assert "a busy node slows a worker 1.10x (2 workers)" in capsys.readouterr().out
+    # the exchange under load makes the profile predict both exchange runs' medians
+    assert data["exchange_fused_step_s"] == [0.030, 0.020, 0.040]
+    profile, workload = load_profile(str(out)), Workload.from_dict(data["workload"])
+    for bucket_mb, median in ((25.0, 0.030), (0.0, 0.060)):
+        setup = Setup("sync-sgd", 2, bucket_mb=bucket_mb, overlap=False)
+        assert predict(workload, profile, setup).iteration_s == pytest.approx(median)
 
 
 def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:

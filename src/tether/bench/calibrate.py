@@ -11,11 +11,13 @@ training step timed layer by layer (:mod:`tether.bench.workload`); the profile's
 that step's counted FLOPs (3x forward) over its time, which predicts other models of similar
 shape where they were not timed; the training loop's own cost and the slowdown of a worker on a
 busy node from short training runs, sampled over the calibration
-(:mod:`tether.bench.compute_samples`).
+(:mod:`tether.bench.compute_samples`); what an exchange costs in training beyond the idle links'
+price from two more (:mod:`tether.bench.exchange_load`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import socket
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from tether.bench.compute_samples import ComputeSamples, TrainerLoops
+from tether.bench.exchange_load import ExchangeSamples, fit_exchange_load
 from tether.bench.link_fit import fit_ring
 from tether.bench.server_wire import WireFit, measure_server_wire
 from tether.bench.workload import measure_workload
@@ -183,6 +186,7 @@ class Calibration:
     link_samples: list[LinkFit]
     wire: WireFit
     samples: ComputeSamples
+    exchanges: ExchangeSamples
 
     def extra(self) -> dict[str, Any]:
         """What the profile file keeps beside the profile: every measured point and sample."""
@@ -191,6 +195,7 @@ class Calibration:
             "all_reduce_points_per_measurement": [fit.points for fit in self.link_samples],
             "server_wire_round_trips": self.wire.points,
             **self.samples.to_dict(),
+            **self.exchanges.to_dict(),
         }
 
 
@@ -203,17 +208,16 @@ def calibrate_machine(
     say: Callable[[str], None],
 ) -> Calibration:
     """Measure the running machine: ``options.loop_runs`` rounds of a compute sample
-    (:class:`~tether.bench.compute_samples.ComputeSamples`) and a measurement of the links, the
-    server's wire after the first round, so that the samples of both span the whole
-    calibration; the medians are kept (:func:`median_links`). ``options`` holds ``tether
+    (:class:`~tether.bench.compute_samples.ComputeSamples`), a measurement of the links and of
+    the exchange in training (:class:`~tether.bench.exchange_load.ExchangeSamples`), the
+    server's wire after the first round, so that the samples span the whole calibration; the
+    medians are kept (:func:`median_links`). ``options`` holds ``tether
     calibrate``'s ``workers``, ``threads_per_worker``, ``loop_steps``, ``loop_runs`` and
     ``timeout``; ``say`` reports each step."""
     threads = max(1, options.threads_per_worker)
-    samples = ComputeSamples(
-        time_layers,
-        TrainerLoops(train_argv, 10, 10 + options.loop_steps),
-        min(ONE_NODE, len(usable_cores()) // threads),
-    )
+    loops = TrainerLoops(train_argv, 10, 10 + options.loop_steps)
+    samples = ComputeSamples(time_layers, loops, min(ONE_NODE, len(usable_cores()) // threads))
+    exchanges = ExchangeSamples(loops, options.workers)
 
     def take_sample() -> None:
         pair = f" and on {samples.node_workers}" if samples.node_workers > 1 else ""
@@ -232,6 +236,11 @@ def calibrate_machine(
             f"({len(link_samples) + 1} of {options.loop_runs})"
         )
         link_samples.append(measure_links(options.workers, threads, options.timeout))
+        say(
+            f"timing sync-sgd's exchange in training on {options.workers} workers "
+            f"({len(exchanges.fused) + 1} of {options.loop_runs})"
+        )
+        exchanges.take()
         if wire is None:
             say("timing the parameter server's wire on 2 local ranks")
             wire = measure_server_wire(options.timeout)
@@ -239,8 +248,10 @@ def calibrate_machine(
     links = median_links(link_samples)
     workload, step_s = samples.workload()
     busy = samples.busy_node_slowdown(links.when)
-    profile = hardware_profile(name, links, workload, step_s, threads, wire, busy)
-    return Calibration(profile, workload, step_s, links, link_samples, wire, samples)
+    idle = hardware_profile(name, links, workload, step_s, threads, wire, busy)
+    load = fit_exchange_load(idle, workload, exchanges, links.when)
+    profile = dataclasses.replace(idle, exchange_load=load)
+    return Calibration(profile, workload, step_s, links, link_samples, wire, samples, exchanges)
 
 
 def write_calibration(

@@ -58,6 +58,12 @@ class LoopTimer(Protocol):
         than the run: no all-reduce, no gradient hooks), each core busy with its own loop."""
         ...
 
+    def exchanging(self, workers: int, bucket_mb: float) -> LoopTimes:
+        """``workers`` local workers of sync-sgd without overlap, fusing gradients into buckets
+        of ``bucket_mb`` (0: a message per tensor): the exchange under load
+        (:mod:`tether.bench.exchange_load`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TrainerLoops:
@@ -75,6 +81,10 @@ class TrainerLoops:
     def quiet(self, workers: int) -> LoopTimes:
         tau = str(self.long + 1)
         return self._run(["--workers", str(workers), "--method", "local-sgd", "--tau", tau])
+
+    def exchanging(self, workers: int, bucket_mb: float) -> LoopTimes:
+        placement = ["--workers", str(workers), "--method", "sync-sgd"]
+        return self._run([*placement, "--set", f"bucket_mb={bucket_mb}", "--set", "overlap=false"])
 
     def _run(self, placement: list[str]) -> LoopTimes:
         with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:

@@ -39,7 +39,9 @@ ALL_REDUCE_ALGORITHMS = (
 class Links:
     """The alpha-beta-gamma parameters a collective is priced with: ``a``, ``b`` inside a node,
     ``inter_a``, ``inter_b`` on a node's one link to the others, ``g`` per byte reduced;
-    ``ranks_per_node`` ranks share a node (consecutive ranks, as launchers place them)."""
+    ``ranks_per_node`` ranks share a node (consecutive ranks, as launchers place them);
+    ``a_load`` is what a collective's message costs more in training than on idle ranks
+    (:mod:`tether.perf.exchange_load`), on either link."""
 
     a: float
     b: float
@@ -48,6 +50,7 @@ class Links:
     inter_b: float
     ranks_per_node: int
     server_wire: tuple[float, float] | None = None  # (a, b) of a server's messages in a node
+    a_load: float = 0.0
 
     def nodes(self, world: int) -> int:
         return math.ceil(world / max(1, self.ranks_per_node))
@@ -87,7 +90,8 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
     large-message all-reduce is a ring); a measured time is better where there is one."""
     if world < 2 or n_bytes <= 0:
         return 0.0
-    a, b, g = links.a, links.b, links.g
+    a, b, g = links.a + links.a_load, links.b, links.g
+    inter_a = links.inter_a + links.a_load
     nodes = links.nodes(world)
     if algorithm == "native":
         algorithm = "ring"
@@ -98,12 +102,12 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
         # every local rank runs its own cross-node ring on 1/G of the vector; a node's link
         # carries all G of them at once
         cross_round = max(
-            links.inter_a + piece / nodes * (links.inter_b + g),
-            links.inter_a + per_node * piece / nodes * links.inter_b,
+            inter_a + piece / nodes * (links.inter_b + g),
+            inter_a + per_node * piece / nodes * links.inter_b,
         )
         cross_copy = max(
-            links.inter_a + piece / nodes * links.inter_b,
-            links.inter_a + per_node * piece / nodes * links.inter_b,
+            inter_a + piece / nodes * links.inter_b,
+            inter_a + per_node * piece / nodes * links.inter_b,
         )
         return inside + (nodes - 1) * (cross_round + cross_copy)
     if algorithm == "hierarchical":
@@ -112,7 +116,7 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
         # a flat schedule over several nodes: each round has a step that crosses a node boundary
         # (the ring's last rank of a node sends to the next node's first), so every round pays
         # the slow link; with consecutive placement one step per node crosses per round
-        a, b = links.inter_a, links.inter_b
+        a, b = inter_a, links.inter_b
     return _flat(algorithm, world, n_bytes, a, b, g)
 
 

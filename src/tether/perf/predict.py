@@ -34,6 +34,7 @@ from typing import Any
 from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import Links, all_reduce_time, message_time
+from tether.perf.exchange_load import alpha_load, exchange_skew_s
 from tether.perf.profile import HardwareProfile
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
@@ -119,6 +120,7 @@ def links_of(profile: HardwareProfile, ranks_per_node: int = 0) -> Links:
             if profile.server_wire is not None
             else None
         ),
+        a_load=alpha_load(profile),
     )
 
 
@@ -146,7 +148,11 @@ def _neighbour_slowdown(profile: HardwareProfile, setup: Setup, links: Links) ->
     return 1.0 + (profile.busy_node_slowdown.value - 1.0) * max(0.0, fraction)
 
 
-def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dict[str, Any]:
+def _sync_sgd(
+    steps: StepTimes, setup: Setup, links: Links, overlap: bool, skew_s: float = 0.0
+) -> dict[str, Any]:
+    """The DAG model of a step; every step's exchange also waits ``skew_s`` for the latest rank
+    (:mod:`tether.perf.exchange_load`), which nothing hides."""
     p = setup.workers
 
     def comm(n: float) -> float:
@@ -157,7 +163,7 @@ def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> di
     def iteration(bucket_mb: float, overlapped: bool) -> dag.Iteration:
         t_c = dag.bucket_comm(steps.tensor_bytes, bucket_mb * MIB if bucket_mb else None, comm)
         model = dag.wfbp if overlapped else dag.naive
-        return model(t_f, steps.backward_s, t_c, steps.update_s)
+        return _waiting(model(t_f, steps.backward_s, t_c, steps.update_s), skew_s)
 
     chosen = iteration(setup.bucket_mb, overlap)
     sweep = {mb: iteration(mb, overlap).total_s for mb in BUCKET_CANDIDATES_MB}
@@ -167,25 +173,33 @@ def _sync_sgd(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> di
         "iteration": chosen,
         "naive_s": iteration(setup.bucket_mb, False).total_s,
         "wfbp_s": iteration(setup.bucket_mb, True).total_s,
-        "mg_wfbp_s": merged.iteration.total_s,
+        "mg_wfbp_s": merged.iteration.total_s + skew_s,
         "mg_wfbp_messages": len(merged.groups),
         "recommended_bucket_mb": best_mb,
         "recommended_s": sweep[best_mb],
     }
 
 
-def _rounds(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dag.Iteration:
-    """sync-easgd, local-sgd, two-level-easgd: local steps with a round every tau steps."""
+def _waiting(it: dag.Iteration, skew_s: float) -> dag.Iteration:
+    return dag.Iteration(it.total_s + skew_s, it.compute_s, it.comm_s + skew_s)
+
+
+def _rounds(
+    steps: StepTimes, setup: Setup, links: Links, overlap: bool, skew_s: float = 0.0
+) -> dag.Iteration:
+    """sync-easgd, local-sgd, two-level-easgd: local steps with a round every tau steps; each
+    round also waits ``skew_s`` for the latest rank (two-level-easgd: inside the node every
+    step, as sync-sgd)."""
     n = steps.model_bytes
     compute = steps.compute_s
     if setup.method == "two-level-easgd":
-        inside = _sync_sgd(steps, _node_setup(setup, links), links, overlap)["iteration"]
+        inside = _sync_sgd(steps, _node_setup(setup, links), links, overlap, skew_s)["iteration"]
         per_node = min(setup.workers, links.ranks_per_node)
         nodes = links.nodes(setup.workers)
         # the G local ranks each all-reduce 1/G of the model across the nodes at once, sharing
         # the node's link: the bytes of one whole-model all-reduce over N, its start-ups in
         # parallel; then the node all-gathers the G pieces (a ring all-gather inside the node)
-        node_link = Links(links.inter_a, links.inter_b, links.g, links.inter_a, links.inter_b, 1)
+        node_link = replace(links, a=links.inter_a, b=links.inter_b, ranks_per_node=1)
         round_s = all_reduce_time(setup.allreduce, nodes, n, node_link)
         round_s += (per_node - 1) * (links.a + n / per_node * links.b) + 3 * n * links.g
         compute, base_comm = inside.total_s, inside.comm_s
@@ -196,7 +210,10 @@ def _rounds(steps: StepTimes, setup: Setup, links: Links, overlap: bool) -> dag.
             round_s += 3 * n * links.g  # d = x - c, x -= alpha d, c += alpha d
     hides = overlap and setup.method != "local-sgd"
     exposed = max(0.0, round_s - setup.tau * compute) if hides else round_s
-    return dag.Iteration(compute + exposed / setup.tau, compute, base_comm + round_s / setup.tau)
+    exposed += skew_s
+    return dag.Iteration(
+        compute + exposed / setup.tau, compute, base_comm + (round_s + skew_s) / setup.tau
+    )
 
 
 def _node_setup(setup: Setup, links: Links) -> Setup:
@@ -308,13 +325,22 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
         "neighbour_slowdown": neighbours,
         "overlap_effective": overlap,
     }
+    # the ranks that meet in one exchange: all of them, or a node's for two-level-easgd's steps
+    meeting = (
+        min(setup.workers, links.ranks_per_node)
+        if setup.method == "two-level-easgd"
+        else setup.workers
+    )
+    skew = exchange_skew_s(profile, meeting, slow)
+    if setup.method in COLLECTIVE_METHODS:
+        details["exchange_skew_s"] = skew
     if setup.method == "sync-sgd":
-        found = _sync_sgd(steps, setup, links, overlap)
+        found = _sync_sgd(steps, setup, links, overlap, skew)
         it = found.pop("iteration")
         details.update(found)
         total, compute, comm = it.total_s, it.compute_s, it.comm_s
     elif setup.method in COLLECTIVE_METHODS:
-        it = _rounds(steps, setup, links, overlap)
+        it = _rounds(steps, setup, links, overlap, skew)
         total, compute, comm = it.total_s, it.compute_s, it.comm_s
     else:
         total, service, message = _server(steps, setup, links)

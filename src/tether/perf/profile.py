@@ -46,6 +46,18 @@ class Link:
 
 
 @dataclass(frozen=True)
+class ExchangeLoad:
+    """What a collective exchange costs beyond the idle links' price when the workers also
+    compute (:mod:`tether.perf.exchange_load`): ``alpha`` seconds more per message of the
+    collective (a peer blocked in the exchange wakes on a core busy with compute), and ``skew``
+    seconds one exchange of two ranks waits for the later of them (their steps end at different
+    times)."""
+
+    alpha: Sourced
+    skew: Sourced
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """A worker kind and its links. ``cores_per_node`` is how many workers (one thread each) a
     node runs without sharing a core: beyond it a worker's compute slows in proportion (the
@@ -67,6 +79,9 @@ class HardwareProfile:
     # (a ratio >= 1: shared caches, memory bandwidth, clocks), where it was measured (`tether
     # calibrate`); without it a worker computes as fast beside others as alone.
     busy_node_slowdown: Sourced | None = None
+    # The exchange under load, where it was measured (`tether calibrate`); without it a
+    # collective in training costs what the idle links price it at.
+    exchange_load: ExchangeLoad | None = None
 
     def link(self, crosses_nodes: bool) -> Link:
         return self.inter if crosses_nodes else self.intra
@@ -92,6 +107,11 @@ class HardwareProfile:
             data["server_wire"] = link(self.server_wire)
         if self.busy_node_slowdown is not None:
             data["busy_node_slowdown"] = sourced(self.busy_node_slowdown)
+        if self.exchange_load is not None:
+            data["exchange_load"] = {
+                "alpha": sourced(self.exchange_load.alpha),
+                "skew": sourced(self.exchange_load.skew),
+            }
         return data
 
 
@@ -161,6 +181,14 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
         flops=flops,
         server_wire=link("server_wire") if "server_wire" in data else None,
         busy_node_slowdown=busy,
+        exchange_load=(
+            ExchangeLoad(
+                _sourced(data, "exchange_load.alpha", where),
+                _sourced(data, "exchange_load.skew", where),
+            )
+            if "exchange_load" in data
+            else None
+        ),
     )
 
 
