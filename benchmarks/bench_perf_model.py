@@ -2,21 +2,22 @@
 
 Part ``iterations``. Each model is first calibrated (``tether calibrate``: its layers and the
 training loop on one worker and on every core sampled three times over the calibration and the
-medians kept, the links fitted to native all-reduce on 2 ranks, the exchange under load fitted
-to sync-sgd without overlap on 2 workers); then for each method variant and worker count the
-model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
-the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model):
-the difference of two runs of N1 and N2 steps, (T(N2) - T(N1)) / (N2 - N1), where T is a run's
+medians kept, the links fitted to native all-reduce on 2 ranks, the exchange under load fitted to
+sync-sgd without overlap and async-sgd on 2 workers); then for each method variant and worker count
+the model's prediction (``tether.predict`` on that profile, with the timed layers) is compared with
+the measured time per step of ``tether train`` (or ``tether.fit`` for the user-defined model): the
+difference of two runs of N1 and N2 steps, (T(N2) - T(N1)) / (N2 - N1), where T is a run's
 step-loop time per worker (:func:`step_loop_s`), so start-up and the first step's warm-up cancel
 and evaluation is left out. (Not the wall time: the evaluation at the end of every run does not
-cancel, it varies. Two runs of the CNN on 4 workers spent 34.4 and 27.7 s evaluating against
-about 17 s for the 10 steps their difference times: the wall time said 1013 ms per step where
-the step loop took 1692.) The calibration points are shown, not counted: the one-worker
-sync-sgd cell, where the calibration measures the training loop's cost per step (data,
-bookkeeping), and sync-sgd no overlap and unfused on 2 workers, near the two runs the exchange
-under load is fitted to. Cells run in a shuffled order, ``--repeats`` passes; the table gives the median measured time, its range, and the error of the prediction
-against the median. Models: LeNet-5 (0.24 MiB of parameters), the 4.8M-parameter CNN (18 MiB), and
-a user-defined MLP on scikit-learn's digits through the Python API (1.2 MiB).
+cancel, it varies. Two runs of the CNN on 4 workers spent 34.4 and 27.7 s evaluating against about
+17 s for the 10 steps their difference times: the wall time said 1013 ms per step where the step
+loop took 1692.) The calibration points are shown, not counted: the one-worker sync-sgd cell, where
+the calibration measures the training loop's cost per step (data, bookkeeping), and sync-sgd no
+overlap and unfused and async-sgd on 2 workers, near the runs the exchange under load is fitted to.
+Cells run in a shuffled order, ``--repeats`` passes; the table gives the median measured time, its
+range, and the error of the prediction against the median. Models: LeNet-5 (0.24 MiB of
+parameters), the 4.8M-parameter CNN (18 MiB), and a user-defined MLP on scikit-learn's digits
+through the Python API (1.2 MiB).
 
 Part ``collectives``. ``tether bench comm`` times every all-reduce algorithm at 4 KiB - 16 MiB on
 2 and 4 ranks; the model prices each (our algorithms with the calibration's alpha, beta, gamma,
@@ -73,11 +74,13 @@ BATCH = 64
 CALIBRATION_RUNS = 3  # tether calibrate's default --loop-runs, for the user's model too
 LOAD_WORKERS = 2  # tether calibrate's default --workers: where the exchange under load is fitted
 # The cells whose runs the calibration timed (or nearly: its exchange runs are sync-sgd without
-# overlap on 2 workers, fused and a message per tensor): they check the fit, not the model.
+# overlap on 2 workers, fused and a message per tensor, and async-sgd on 2): they check the fit,
+# not the model.
 CALIBRATION_POINTS = {
     ("sync-sgd", 1),
     ("sync-sgd no overlap", LOAD_WORKERS),
     ("sync-sgd unfused", LOAD_WORKERS),
+    ("async-sgd", LOAD_WORKERS),
 }
 
 
@@ -183,6 +186,9 @@ class ApiLoops:
 
     def exchanging(self, workers: int, bucket_mb: float) -> LoopTimes:
         return self._times("sync-sgd", workers, {"bucket_mb": bucket_mb, "overlap": False})
+
+    def serving(self, workers: int) -> LoopTimes:
+        return self._times("async-sgd", workers, {})
 
     def _times(self, method: str, workers: int, options: dict) -> LoopTimes:
         self.runs += 1
@@ -348,8 +354,8 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
             f"Median absolute error {statistics.median(errors):.1%}, worst {max(errors):.1%} "
             f"over {len(errors)} cells (goal: median <= 10%, worst <= 25%); the calibration "
             "points are not counted: the one-worker sync-sgd cells (where the training loop's "
-            f"own cost was calibrated) and sync-sgd no overlap and unfused on {LOAD_WORKERS} "
-            "workers (where the exchange under load was).",
+            f"own cost was calibrated) and sync-sgd no overlap and unfused and async-sgd on "
+            f"{LOAD_WORKERS} workers (where the exchange under load was).",
         ]
     else:  # only calibration points (--workers 1): a check of the calibration itself
         lines += ["", "Only calibration points: no cell counts towards the goal."]

@@ -146,7 +146,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
         + (
             f"; an exchange in training costs {load.alpha.value * 1e6:.1f} us more per message "
-            f"and waits {load.skew.value * 1e3:.2f} ms for the later of 2 ranks"
+            f"and waits {load.skew.value * 1e3:.2f} ms for the later of 2 ranks; a parameter "
+            f"server spends {load.server.value * 1e3:.2f} ms more per exchange"
             if (load := profile.exchange_load) is not None
             else ""
         )

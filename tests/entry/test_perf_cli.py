@@ -87,11 +87,12 @@ def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) ->
     # the exchange in training: two sync-sgd runs on 2 workers, and the load fitted to them
     assert all(
         len(data[k]) == 1 and data[k][0] > 0
-        for k in ("exchange_fused_step_s", "exchange_per_tensor_step_s")
+        for k in ("exchange_fused_step_s", "exchange_per_tensor_step_s", "exchange_served_step_s")
     )
     load = hardware["exchange_load"]
     assert load["alpha"]["value"] >= 0 and load["skew"]["value"] >= 0
     assert "sync-sgd without overlap on 2 workers" in load["skew"]["source"]
+    assert load["server"]["value"] >= 0 and "async-sgd on 2 workers" in load["server"]["source"]
     assert "an exchange in training costs" in capsys.readouterr().out
     argv = ["predict", "--profile", str(profile), "--model", "mlp", "--dataset", "digits"]
     argv += ["--batch-size", "64", "--workers", "1,2", "--out", str(tmp_path / "p")]
@@ -152,6 +153,15 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         return compute_samples.LoopTimes(step, step / 2)
 
     monkeypatch.setattr(loops, "exchanging", exchanging)
+    # async-sgd on 2 workers (median 40 ms)
+    served_times = iter([0.050, 0.040, 0.030])
+
+    def serving(self, workers):
+        order.append("served")
+        step = next(served_times)
+        return compute_samples.LoopTimes(step, step / 2)
+
+    monkeypatch.setattr(loops, "serving", serving)
     monkeypatch.setattr(calibrate, "measure_links", links)
     monkeypatch.setattr(calibrate, "measure_server_wire", wire)
     monkeypatch.setattr(calibrate, "usable_cores", lambda: [0, 1])
@@ -159,7 +169,7 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--repeats", "1"]
     assert main([*argv, "--loop-runs", "3", "--out", str(out)]) == 0
     sample = ["layers", "loop", "alone", "busy"]
-    exchange = ["exchange 25", "exchange 0"]
+    exchange = ["exchange 25", "exchange 0", "served"]
     assert order == [
         *[*sample, "links", *exchange, "wire"],
         *[*sample, "links", *exchange],
@@ -185,6 +195,8 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     for bucket_mb, median in ((25.0, 0.030), (0.0, 0.060)):
         setup = Setup("sync-sgd", 2, bucket_mb=bucket_mb, overlap=False)
         assert predict(workload, profile, setup).iteration_s == pytest.approx(median)
+    served = predict(workload, profile, Setup("async-sgd", 2)).iteration_s
+    assert served == pytest.approx(0.040)
 
 
 def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:

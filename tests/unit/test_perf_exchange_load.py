@@ -17,7 +17,7 @@ from tether.perf.profile import ExchangeLoad, profile_from_dict
 from tether.perf.workload import LayerCost, Workload
 
 A, B, G = 1e-4, 1e-9, 1e-10
-ALPHA_LOAD, SKEW = 3e-4, 1.5e-3
+ALPHA_LOAD, SKEW, SERVER = 3e-4, 1.5e-3, 2e-3
 
 
 def _profile(cores: int = 0, load: bool = True) -> dict:
@@ -35,7 +35,7 @@ def _profile(cores: int = 0, load: bool = True) -> dict:
         "flops": s(1e9),
     }
     if load:
-        data["exchange_load"] = {"alpha": s(ALPHA_LOAD), "skew": s(SKEW)}
+        data["exchange_load"] = {"alpha": s(ALPHA_LOAD), "skew": s(SKEW), "server": s(SERVER)}
     return data
 
 
@@ -82,16 +82,30 @@ def test_the_load_prices_every_message_and_each_exchange_by_hand() -> None:
     assert easgd == pytest.approx(SKEW / 4)
 
 
-def test_shared_cores_stretch_the_wait_and_servers_do_not_pay_it() -> None:
+def test_shared_cores_stretch_the_wait() -> None:
     shared = profile_from_dict(_profile(cores=2))
     idle = profile_from_dict(_profile(cores=2, load=False))
     extra = _iteration(shared, "sync-sgd", 4, bucket_mb=0, overlap=False)
     extra -= _iteration(idle, "sync-sgd", 4, bucket_mb=0, overlap=False)
     scale = expected_latest(4) / expected_latest(2)
     assert extra == pytest.approx(len(TENSORS) * 6 * ALPHA_LOAD + SKEW * scale * 2)  # 4 on 2
-    for method in ("async-sgd", "original-easgd"):
-        assert _iteration(LOADED, method, 4) == _iteration(IDLE, method, 4)
     assert _iteration(LOADED, "sync-sgd", 1) == _iteration(IDLE, "sync-sgd", 1)
+
+
+def test_the_server_spends_its_load_on_every_exchange() -> None:
+    def server(profile, method: str) -> float:
+        return predict(WORKLOAD, profile, Setup(method, 16)).details["server_service_s"]
+
+    # async-sgd's apply is two passes over the model, original-easgd's elastic move three; each
+    # also pays the link's start-up and, in training, the measured load
+    n = sum(TENSORS)
+    assert server(LOADED, "async-sgd") == pytest.approx(2 * n * G + A + SERVER)
+    assert server(LOADED, "original-easgd") == pytest.approx(3 * n * G + A + SERVER)
+    assert server(IDLE, "async-sgd") == pytest.approx(2 * n * G + A)
+    # 16 workers keep the server busy: its service bounds the rate (P * s per local step)
+    assert _iteration(LOADED, "async-sgd", 16) == pytest.approx(16 * (2 * n * G + A + SERVER))
+    # Hogwild's shared-memory server has no messages: no load
+    assert _iteration(LOADED, "hogwild-sgd", 4) == _iteration(IDLE, "hogwild-sgd", 4)
 
 
 class _Runs:
@@ -111,6 +125,10 @@ class _Runs:
     def quiet(self, workers: int) -> LoopTimes:
         raise AssertionError("not used")
 
+    def serving(self, workers: int) -> LoopTimes:
+        step = predict(WORKLOAD, self.truth, Setup("async-sgd", workers)).iteration_s + self.noise
+        return LoopTimes(step, step)
+
 
 def _fitted(truth, workers: int = 2, noise: float = 0.0) -> ExchangeLoad:
     samples = ExchangeSamples(_Runs(truth, noise), workers)
@@ -124,11 +142,13 @@ def test_the_fit_recovers_the_load_from_the_two_runs() -> None:
         fit = _fitted(LOADED, workers)
         assert fit.alpha.value == pytest.approx(ALPHA_LOAD)
         assert fit.skew.value == pytest.approx(SKEW)
+        assert fit.server.value == pytest.approx(SERVER)
         assert f"on {workers} workers" in fit.skew.source
+        assert f"async-sgd on {workers} workers" in fit.server.source
     # idle runs: no load; runs faster than the idle prediction: none either, never negative
     assert _fitted(IDLE).alpha.value == pytest.approx(0.0, abs=1e-12)
     faster = _fitted(IDLE, noise=-1e-3)
-    assert faster.alpha.value == 0.0 and faster.skew.value == 0.0
+    assert faster.alpha.value == 0.0 and faster.skew.value == 0.0 and faster.server.value == 0.0
     # the same excess on both runs is a wait, not a per-message cost
     waiting = _fitted(IDLE, noise=2e-3)
     assert waiting.alpha.value == pytest.approx(0.0, abs=1e-12)

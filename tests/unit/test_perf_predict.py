@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.api.perf import predict, predict_scaling, time_model
-from tether.bench.compute_samples import busy_node_slowdown, loop_times_from_metrics, median_sample
+from tether.bench.compute_samples import (
+    LoopTimes,
+    busy_node_slowdown,
+    loop_times_from_metrics,
+    median_sample,
+)
 from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
@@ -299,6 +304,15 @@ def test_the_loop_is_timed_between_two_steps_of_the_metrics() -> None:
     assert times.compute_s == pytest.approx(0.01 * (3 + 4 + 5 + 6) / 4)
     with pytest.raises(TetherError, match="lack step 2 or 9"):
         loop_times_from_metrics(metrics, 2, 9)
+    # an asynchronous run: the server's lines, a global step and each worker's own; worker 1's
+    # local steps take 20 ms, worker 2's 30 ms (the first worker's are timed)
+    served = [
+        {"step": 0, "worker": w, "worker_step": k, "loss": 1.0, "time_s": k * (0.01 + 0.01 * w)}
+        for k in range(1, 7)
+        for w in (2, 1)
+    ]
+    metrics = "\n".join(json.dumps(line) for line in served)
+    assert loop_times_from_metrics(metrics, 2, 6) == LoopTimes(pytest.approx(0.02), 0.0)
 
 
 def test_a_server_node_is_bound_by_its_cpu_work() -> None:

@@ -64,6 +64,10 @@ class LoopTimer(Protocol):
         (:mod:`tether.bench.exchange_load`)."""
         ...
 
+    def serving(self, workers: int) -> LoopTimes:
+        """``workers`` local workers of async-sgd and their parameter server."""
+        ...
+
 
 @dataclass(frozen=True)
 class TrainerLoops:
@@ -86,6 +90,9 @@ class TrainerLoops:
         placement = ["--workers", str(workers), "--method", "sync-sgd"]
         return self._run([*placement, "--set", f"bucket_mb={bucket_mb}", "--set", "overlap=false"])
 
+    def serving(self, workers: int) -> LoopTimes:
+        return self._run(["--workers", str(workers), "--method", "async-sgd"])
+
     def _run(self, placement: list[str]) -> LoopTimes:
         with tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch:
             out = Path(scratch) / "train"
@@ -104,15 +111,24 @@ class TrainerLoops:
 
 def loop_times_from_metrics(metrics: str, short: int, long: int) -> LoopTimes:
     """Seconds per step between steps ``short`` and ``long`` from rank 0's metrics lines: the
-    training clock's difference, and the mean of the steps' ``compute_s``."""
+    training clock's difference, and the mean of the steps' ``compute_s``. An asynchronous
+    run's lines are its server's, one per worker's step (``worker``, ``worker_step``): the
+    first worker's local steps are timed (no compute split there: 0)."""
+    entries = [json.loads(line) for line in metrics.splitlines()]
+    entries = [entry for entry in entries if "time_s" in entry and "loss" in entry]
+    workers = {entry["worker"] for entry in entries if "worker" in entry}
+    if workers:
+        first = min(workers)
+        entries = [
+            {**entry, "step": entry["worker_step"]}
+            for entry in entries
+            if entry.get("worker") == first and "worker_step" in entry
+        ]
     clock, compute = {}, []
-    for line in metrics.splitlines():
-        entry = json.loads(line)
-        if "time_s" not in entry or "loss" not in entry:
-            continue
+    for entry in entries:
         if entry.get("step") in (short, long):
             clock[entry["step"]] = float(entry["time_s"])
-        if short < entry.get("step", 0) <= long:
+        if short < entry.get("step", 0) <= long and "compute_s" in entry:
             compute.append(float(entry["compute_s"]))
     if short not in clock or long not in clock:
         raise TetherError(f"the trainer's metrics lack step {short} or {long}: no loop to time")

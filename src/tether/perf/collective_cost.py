@@ -40,8 +40,9 @@ class Links:
     """The alpha-beta-gamma parameters a collective is priced with: ``a``, ``b`` inside a node,
     ``inter_a``, ``inter_b`` on a node's one link to the others, ``g`` per byte reduced;
     ``ranks_per_node`` ranks share a node (consecutive ranks, as launchers place them);
-    ``a_load`` is what a collective's message costs more in training than on idle ranks
-    (:mod:`tether.perf.exchange_load`), on either link."""
+    ``a_load`` is what a collective's message costs more in training than on idle ranks, on
+    either link, and ``service_load`` a parameter server's CPU per exchange beyond its priced
+    apply (:mod:`tether.perf.exchange_load`)."""
 
     a: float
     b: float
@@ -51,6 +52,7 @@ class Links:
     ranks_per_node: int
     server_wire: tuple[float, float] | None = None  # (a, b) of a server's messages in a node
     a_load: float = 0.0
+    service_load: float = 0.0
 
     def nodes(self, world: int) -> int:
         return math.ceil(world / max(1, self.ranks_per_node))

@@ -34,7 +34,7 @@ from typing import Any
 from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import Links, all_reduce_time, message_time
-from tether.perf.exchange_load import alpha_load, exchange_skew_s
+from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
@@ -121,6 +121,7 @@ def links_of(profile: HardwareProfile, ranks_per_node: int = 0) -> Links:
             else None
         ),
         a_load=alpha_load(profile),
+        service_load=server_load(profile),
     )
 
 
@@ -168,7 +169,8 @@ def _sync_sgd(
     chosen = iteration(setup.bucket_mb, overlap)
     sweep = {mb: iteration(mb, overlap).total_s for mb in BUCKET_CANDIDATES_MB}
     best_mb = min(sweep, key=lambda mb: (sweep[mb], mb))
-    merged = dag.mg_wfbp(t_f, steps.backward_s, steps.layer_bytes, steps.update_s, comm, links.a)
+    start_up = links.a + links.a_load
+    merged = dag.mg_wfbp(t_f, steps.backward_s, steps.layer_bytes, steps.update_s, comm, start_up)
     return {
         "iteration": chosen,
         "naive_s": iteration(setup.bucket_mb, False).total_s,
@@ -239,7 +241,7 @@ def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float,
     hogwild_sgd = setup.method == "hogwild-sgd"
     message = 0.0 if hogwild_sgd else message_time(n, links, crosses)
     passes = 3 if setup.method.endswith("easgd") else 2  # elastic move vs w -= lr*g (momentum: 2)
-    service = passes * n * links.g + (0.0 if hogwild_sgd else links.a)
+    service = passes * n * links.g + (0.0 if hogwild_sgd else links.a + links.service_load)
     tau = _steps_per_exchange(setup)
     config = SimulationConfig(
         method=setup.method,

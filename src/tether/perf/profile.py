@@ -47,14 +47,16 @@ class Link:
 
 @dataclass(frozen=True)
 class ExchangeLoad:
-    """What a collective exchange costs beyond the idle links' price when the workers also
-    compute (:mod:`tether.perf.exchange_load`): ``alpha`` seconds more per message of the
-    collective (a peer blocked in the exchange wakes on a core busy with compute), and ``skew``
-    seconds one exchange of two ranks waits for the later of them (their steps end at different
-    times)."""
+    """What an exchange costs beyond the idle links' price when the workers also compute
+    (:mod:`tether.perf.exchange_load`): ``alpha`` seconds more per message of a collective (a
+    peer blocked in the exchange wakes on a core busy with compute), ``skew`` seconds one
+    exchange of two ranks waits for the later of them (their steps end at different times), and
+    ``server`` seconds of a parameter server's CPU per exchange beyond its priced apply (its
+    loop, the socket copies, the checks of every message)."""
 
     alpha: Sourced
     skew: Sourced
+    server: Sourced
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class HardwareProfile:
             data["exchange_load"] = {
                 "alpha": sourced(self.exchange_load.alpha),
                 "skew": sourced(self.exchange_load.skew),
+                "server": sourced(self.exchange_load.server),
             }
         return data
 
@@ -185,6 +188,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
             ExchangeLoad(
                 _sourced(data, "exchange_load.alpha", where),
                 _sourced(data, "exchange_load.skew", where),
+                _sourced(data, "exchange_load.server", where),
             )
             if "exchange_load" in data
             else None
