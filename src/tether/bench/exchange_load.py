@@ -30,7 +30,7 @@ _PROBE = 1e-3  # a unit of load (seconds) to read the prediction's coefficients 
 
 @dataclass
 class ExchangeSamples:
-    """Step times of the two runs, one pair per round of the calibration."""
+    """Step times of the three runs, one of each per round of the calibration."""
 
     loops: LoopTimer
     workers: int

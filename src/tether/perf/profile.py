@@ -81,8 +81,8 @@ class HardwareProfile:
     # (a ratio >= 1: shared caches, memory bandwidth, clocks), where it was measured (`tether
     # calibrate`); without it a worker computes as fast beside others as alone.
     busy_node_slowdown: Sourced | None = None
-    # The exchange under load, where it was measured (`tether calibrate`); without it a
-    # collective in training costs what the idle links price it at.
+    # The exchange under load, where it was measured (`tether calibrate`); without it an
+    # exchange in training costs what the idle links price it at.
     exchange_load: ExchangeLoad | None = None
 
     def link(self, crosses_nodes: bool) -> Link:
