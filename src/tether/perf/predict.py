@@ -23,7 +23,9 @@ nothing overlaps: the cores that would hide the communication are busy. Workers 
 their own still slow each other by what the cores share, where the profile measured it
 (``busy_node_slowdown``). A server method's rate is also bounded by the CPU work its node must
 do per step (compute, the server's apply, both ends of every loopback message) over the node's
-cores.
+cores. Where the profile measured the exchange in training (:mod:`tether.perf.exchange_load`), a
+collective's every message costs that much more, every exchange waits for the latest rank, and
+a server's service includes its measured CPU per exchange.
 """
 
 from __future__ import annotations
@@ -327,12 +329,9 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
         "neighbour_slowdown": neighbours,
         "overlap_effective": overlap,
     }
-    # the ranks that meet in one exchange: all of them, or a node's for two-level-easgd's steps
-    meeting = (
-        min(setup.workers, links.ranks_per_node)
-        if setup.method == "two-level-easgd"
-        else setup.workers
-    )
+    meeting = setup.workers  # the ranks of one exchange: a node's in two-level-easgd's steps
+    if setup.method == "two-level-easgd":
+        meeting = min(setup.workers, links.ranks_per_node)
     skew = exchange_skew_s(profile, meeting, slow)
     if setup.method in COLLECTIVE_METHODS:
         details["exchange_skew_s"] = skew
