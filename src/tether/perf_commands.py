@@ -332,8 +332,8 @@ def add_perf_parsers(sub: Any) -> None:
         "--loop-runs",
         type=int,
         default=3,
-        help="samples of the model's step, the training loop and the links, spread over the "
-        "calibration; the medians count (default 3)",
+        help="samples of the model's step, the training loop, the links and the exchange in "
+        "training, spread over the calibration; the medians count (default 3)",
     )
     calibrate.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
     calibrate.add_argument("--out", metavar="FILE", help="default runs/calibrate-TIME/profile.json")

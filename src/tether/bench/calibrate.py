@@ -12,7 +12,7 @@ that step's counted FLOPs (3x forward) over its time, which predicts other model
 shape where they were not timed; the training loop's own cost and the slowdown of a worker on a
 busy node from short training runs, sampled over the calibration
 (:mod:`tether.bench.compute_samples`); what an exchange costs in training beyond the idle links'
-price from two more (:mod:`tether.bench.exchange_load`).
+price from three more (:mod:`tether.bench.exchange_load`).
 """
 
 from __future__ import annotations
