@@ -17,11 +17,15 @@ overlap and unfused and async-sgd on 2 workers, near the runs the exchange under
 Cells run in a shuffled order, ``--repeats`` passes; the table gives the median measured time, its
 range, and the error of the prediction against the median. Models: LeNet-5 (0.24 MiB of
 parameters), the 4.8M-parameter CNN (18 MiB), and a user-defined MLP on scikit-learn's digits
-through the Python API (1.2 MiB).
+through the Python API (1.2 MiB; calibrated with ``tether.calibrate``, its runs ``tether.fit``'s).
 
 Part ``collectives``. ``tether bench comm`` times every all-reduce algorithm at 4 KiB - 16 MiB on
-2 and 4 ranks; the model prices each (our algorithms with the calibration's alpha, beta, gamma,
-which ``bench comm`` reports; native with the profile's fit of native times).
+2 and 4 ranks; the model prices each on a node whose 2 cores move the bytes
+(:mod:`tether.perf.shared_core_cost`): our algorithms with the round cost that ``bench comm``'s
+calibration fitted to its own earlier timing of the five algorithms at 16 B - 8 MiB (a separate
+measurement: two start-ups and a beta for all five, gamma its measured add), native with the
+links ``tether calibrate`` fits (the ring formula to native times on 2 ranks, measured first); beside them, in the same run, the single-port model (every rank
+on a link of its own: ours with the ping-pong's alpha and beta) that priced them before.
 
     .venv/bin/python benchmarks/bench_perf_model.py --part iterations   # ~50 min a pass on 2 cores
     .venv/bin/python benchmarks/bench_perf_model.py --part collectives  # ~6 min
@@ -30,8 +34,6 @@ which ``bench comm`` reports; native with the profile's fit of native times).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import os
 import random
@@ -39,7 +41,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,11 @@ from torch.utils.data import TensorDataset
 
 import tether
 from _common import RESULTS, ForeignLoad, machine, tether_command, write_part_result
-from tether.bench.compute_samples import ComputeSamples, LoopTimes
-from tether.bench.exchange_load import ExchangeSamples, fit_exchange_load
+from tether.bench.calibrate import LinkFit, measure_links
+from tether.bench.link_fit import fit_ring
 from tether.catalog import method_defaults
+from tether.comm.calibration.round_fit import fit_round_cost
+from tether.launch.partition import usable_cores
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import load_profile, profile_from_dict
 from tether.perf.workload import LayerCost, Workload
@@ -133,14 +136,18 @@ def step_loop_s(summary: dict[str, Any], part: str | None = None) -> float:
     return seconds / int(summary["workers"])
 
 
-def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> dict:
-    """The summary of a ``tether.fit`` run of the user's MLP."""
-    # the workers unpickle user_mlp by importing this script, which imports _common beside it
+def workers_import_this_script() -> None:
+    """The workers unpickle user_mlp by importing this script, which imports _common beside it."""
     here = str(Path(__file__).parent)
     if here not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [here, os.environ.get("PYTHONPATH")])
         )
+
+
+def measure_api(method: str, workers: int, steps: int, options: dict, out: Path) -> dict:
+    """The summary of a ``tether.fit`` run of the user's MLP."""
+    workers_import_this_script()
     result = tether.fit(
         model=user_mlp,
         train_data=user_data(),
@@ -156,48 +163,6 @@ def measure_api(method: str, workers: int, steps: int, options: dict, out: Path)
         **options,
     )
     return result.summary
-
-
-def time_user_layers(
-    net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, profile_name: str
-) -> tuple[Workload, float]:
-    """The user's model's step timed layer by layer (``tether.time_model``) and its seconds."""
-    timed = tether.time_model(
-        net, x, y, nn.functional.cross_entropy, name=name, profile_name=profile_name
-    )
-    return timed, timed.timed_step_s
-
-
-@dataclass
-class ApiLoops:
-    """The user's model's training loop through ``tether.fit`` (a
-    :class:`~tether.bench.compute_samples.LoopTimer`): seconds per step of the whole step loop
-    and of its compute, as the difference of two runs of ``steps`` steps."""
-
-    steps: tuple[int, int]
-    scratch: Path
-    runs: int = 0
-
-    def one_worker(self) -> LoopTimes:
-        return self._times("sync-sgd", 1, {})
-
-    def quiet(self, workers: int) -> LoopTimes:
-        return self._times("local-sgd", workers, {"tau": self.steps[1] + 1})
-
-    def exchanging(self, workers: int, bucket_mb: float) -> LoopTimes:
-        return self._times("sync-sgd", workers, {"bucket_mb": bucket_mb, "overlap": False})
-
-    def serving(self, workers: int) -> LoopTimes:
-        return self._times("async-sgd", workers, {})
-
-    def _times(self, method: str, workers: int, options: dict) -> LoopTimes:
-        self.runs += 1
-        (n1, n2), out = self.steps, self.scratch / f"loop-{self.runs}"
-        runs = [measure_api(method, workers, n, options, out.with_name(f"{out.name}-{n}"))
-                for n in self.steps]  # fmt: skip
-        whole = [step_loop_s(summary) for summary in runs]
-        compute = [step_loop_s(summary, "compute") for summary in runs]
-        return LoopTimes((whole[1] - whole[0]) / (n2 - n1), (compute[1] - compute[0]) / (n2 - n1))
 
 
 def calibrate(model: str, scratch: Path) -> tuple[Any, Workload]:
@@ -232,24 +197,20 @@ def measure_cells(
     profiles: dict[str, Any] = {}
     for model in models:
         if model == "user-mlp":
-            profile, _ = profiles.get("lenet5") or calibrate("lenet5", scratch)
+            # the product's path for a user's model: tether.calibrate, its runs tether.fit's
+            workers_import_this_script()
             torch.manual_seed(0)
-            net, data = user_mlp(), user_data()
-            x, y = data.tensors[0][:BATCH], data.tensors[1][:BATCH]
-            # the layers, the training loop's own cost per step (here: the DataLoader collating
-            # 64 samples) and the busy-node pair, sampled as tether calibrate samples them
-            layers = functools.partial(time_user_layers, net, x, y, model, profile.name)
-            api_loops = ApiLoops(STEPS[model], scratch)
-            samples = ComputeSamples(layers, api_loops, profile.cores_per_node)
-            exchanges = ExchangeSamples(api_loops, LOAD_WORKERS)
-            for _ in range(CALIBRATION_RUNS):
-                samples.take()
-                exchanges.take()
-            workload, _ = samples.workload()
-            busy = samples.busy_node_slowdown("bench")
-            idle = dataclasses.replace(profile, busy_node_slowdown=busy, exchange_load=None)
-            exchange = fit_exchange_load(idle, workload, exchanges, "bench")
-            profiles[model] = (dataclasses.replace(idle, exchange_load=exchange), workload)
+            cal = tether.calibrate(
+                user_mlp,
+                user_data(),
+                nn.functional.cross_entropy,
+                batch_size=BATCH,
+                workers=LOAD_WORKERS,
+                loop_runs=CALIBRATION_RUNS,
+                name="this-vm",
+                progress=False,
+            )
+            profiles[model] = (cal.profile, cal.workload)
         else:
             profiles[model] = calibrate(model, scratch)
         print(f"calibrated {model}", flush=True)
@@ -384,52 +345,119 @@ def part_iterations(args: argparse.Namespace, scratch: Path) -> tuple[list[str],
     return lines, figure
 
 
+# the table's own sizes the held-out model is fitted at (the calibration's timed sizes in range)
+HELD_OUT_FIT_SIZES = (16384, 131072, 1048576, 8388608)
+COLLECTIVE_MODELS = ("calibrated", "held out", "links")
+
+
+def _shared(a: float, b: float, g: float, cores: int, one_way_a: float | None = None) -> Links:
+    return Links(a, b, g, a, b, 64, shared_cores=cores, one_way_a=one_way_a)
+
+
+def _collective_links(
+    world: int, report: dict, fit: LinkFit, cores: int
+) -> tuple[dict[str, Links], dict[str, Links]]:
+    """How our algorithms and native are priced by each model (:data:`COLLECTIVE_MODELS`):
+
+    * ``calibrated``: on the node's ``cores`` moving the bytes; ours with the round cost that
+      ``bench comm``'s calibration fitted to its own timing of them, native with the links that
+      ``tether calibrate`` fitted to native times on 2 ranks (``fit``);
+    * ``held out``: the same model fitted to this table's own times at
+      :data:`HELD_OUT_FIT_SIZES` only (native: the ring's times over its stretch), judged at
+      the other sizes: the model's form without the drift between two timings;
+    * ``links``: each rank on a link of its own; ours with the ping-pong's alpha and beta."""
+    cal = report["predictions"]
+    g = cal["gamma"]
+    stretch = max(1.0, world / cores)
+    native_rows = [r for r in report["rows"] if r["algo"] == "native"]
+    held = [(float(r["bytes"]), r["time_s"] / stretch) for r in native_rows]
+    na, nb = fit_ring([(n, t) for n, t in held if n in HELD_OUT_FIT_SIZES], world)
+    native = {
+        "calibrated": _shared(fit.alpha, fit.beta, fit.gamma, cores),
+        "held out": _shared(na, nb, g, cores),
+        "links": Links(fit.alpha, fit.beta, fit.gamma, fit.alpha, fit.beta, 64),
+    }
+    ours = {"links": Links(cal["alpha"], cal["beta"], g, cal["alpha"], cal["beta"], 64)}
+    rounds = cal.get("round_cost")
+    ours["calibrated"] = (
+        _shared(rounds["alpha"], rounds["beta"], g, cores, rounds["one_way_alpha"])
+        if rounds
+        else ours["links"]
+    )
+    measured: dict[str, list[tuple[float, float]]] = {}
+    for r in report["rows"]:
+        if r["bytes"] in HELD_OUT_FIT_SIZES:
+            measured.setdefault(r["algo"], []).append((float(r["bytes"]), r["time_s"]))
+    held_rounds = fit_round_cost(measured, world, g, cores)
+    assert held_rounds is not None, "the table timed too few sizes to fit the round cost"
+    ours["held out"] = _shared(
+        held_rounds.alpha, held_rounds.beta, g, cores, held_rounds.one_way_alpha
+    )
+    return ours, native
+
+
+def _priced_with(world: int, ours: dict[str, Links], native: dict[str, Links]) -> list[str]:
+    def us(x: float) -> str:
+        return f"{x * 1e6:.0f} us"
+
+    def per_byte(x: float) -> str:
+        return f"{x * 1e9:.3f} ns/B"
+
+    lines = []
+    for model in COLLECTIVE_MODELS:
+        o, n = ours[model], native[model]
+        start = us(o.a) + (f", one-way {us(o.one_way_a)}" if o.one_way_a is not None else "")
+        lines.append(
+            f"- {world} ranks, {model}: ours start-up {start}, beta {per_byte(o.b)}, gamma "
+            f"{per_byte(o.g)}; native alpha {us(n.a)}, beta {per_byte(n.b)}"
+            + (f"; on {o.shared_cores} cores" if o.shared_cores else "; links of their own")
+        )
+    return lines
+
+
 def part_collectives(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
-    profile = load_profile("vm-2cores")
+    # the links of the profile that `tether calibrate` would write now (its default 2 workers)
+    link_fit = measure_links(LOAD_WORKERS, 1, 300.0)
+    cores = len(usable_cores())
     algos = "ring,halving-doubling,recursive-doubling,binomial,naive,native"
     lines = [
-        "| ranks | algorithm | size | predicted us | measured us | error |",
-        "|---|---|---|---|---|---|",
+        "| ranks | algorithm | size | measured us | calibrated us | error | held out us | error "
+        "| links us | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    errors: dict[int, list[float]] = {}
+    errors: dict[tuple[int, str], list[float]] = {}
+    priced: list[str] = []
     figure = Figure(figsize=(12, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 2)
     for ax, world in zip(axes, (2, 4), strict=True):
         out = scratch / f"comm-{world}"
         command = [*tether_command(), "bench", "comm", "--op", "allreduce", "--algo", algos]
-        command += [
-            "--sizes",
-            "4KB:16MB",
-            "--workers",
-            str(world),
-            "--repeats",
-            str(args.comm_repeats),
-        ]
+        # --recalibrate: the round cost is fitted to a timing made in this run, before the table's
+        command += ["--sizes", "4KB:16MB", "--workers", str(world), "--recalibrate"]
+        command += ["--repeats", str(args.comm_repeats)]
         subprocess.run([*command, "--out", str(out)], check=True, capture_output=True)
         report = json.loads((out / "comm.json").read_text())
-        cal = report["predictions"]
-        ours = Links(cal["alpha"], cal["beta"], cal["gamma"], cal["alpha"], cal["beta"], 64)
-        native = Links(
-            profile.intra.alpha.value,
-            profile.intra.beta.value,
-            profile.gamma.value,
-            profile.intra.alpha.value,
-            profile.intra.beta.value,
-            64,
-        )
+        ours, native = _collective_links(world, report, link_fit, cores)
+        priced += _priced_with(world, ours, native)
         by_algo: dict[str, list[tuple[float, float, float]]] = {}
         for row in report["rows"]:
-            name, n = row["algo"], float(row["bytes"])
-            links = native if name == "native" else ours
-            predicted = all_reduce_time(name, world, n, links)
-            err = (predicted - row["time_s"]) / row["time_s"]
-            errors.setdefault(world, []).append(abs(err))
-            by_algo.setdefault(name, []).append((n, predicted, row["time_s"]))
-            lines.append(
-                f"| {world} | {name} | {row['bytes']} | {predicted * 1e6:.0f} | "
-                f"{row['time_s'] * 1e6:.0f} | {err:+.0%} |"
-            )
+            name, n, measured = row["algo"], float(row["bytes"]), row["time_s"]
+            cells = [f"| {world} | {name} | {row['bytes']} | {measured * 1e6:.0f}"]
+            for model in COLLECTIVE_MODELS:
+                predicted = all_reduce_time(
+                    name, world, n, (native if name == "native" else ours)[model]
+                )
+                err = (predicted - measured) / measured
+                fitted_here = model == "held out" and row["bytes"] in HELD_OUT_FIT_SIZES
+                if not fitted_here:
+                    errors.setdefault((world, model), []).append(abs(err))
+                cells.append(
+                    f"{predicted * 1e6:.0f} | {err:+.0%}" + (" (fit)" if fitted_here else "")
+                )
+                if model == "calibrated":
+                    by_algo.setdefault(name, []).append((n, predicted, measured))
+            lines.append(" | ".join(cells) + " |")
         for i, (name, rows) in enumerate(by_algo.items()):
             ax.plot(
                 [r[0] for r in rows], [r[2] * 1e6 for r in rows], "o-", color=f"C{i}", label=name
@@ -438,13 +466,14 @@ def part_collectives(args: argparse.Namespace, scratch: Path) -> tuple[list[str]
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("bytes")
-        ax.set_ylabel("time per all-reduce (us); dashed: predicted")
+        ax.set_ylabel("time per all-reduce (us); dashed: predicted (calibrated)")
         ax.set_title(f"{world} ranks")
         ax.legend(fontsize="small")
-    for world, errs in errors.items():
+    lines += ["", "The numbers that priced them:", "", *priced, ""]
+    for (world, model), errs in sorted(errors.items()):
         lines.append(
-            f"\n{world} ranks: median absolute error {statistics.median(errs):.1%}, worst "
-            f"{max(errs):.1%} over {len(errs)} points."
+            f"{world} ranks, {model}: median absolute error {statistics.median(errs):.1%}, worst "
+            f"{max(errs):.1%} over {len(errs)} points.\n"
         )
     return lines, figure
 
@@ -548,7 +577,7 @@ def main() -> None:
     parser.add_argument("--models", default="lenet5,cnn,user-mlp")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--comm-repeats", type=int, default=10)
+    parser.add_argument("--comm-repeats", type=int, default=20)
     parser.add_argument("--reuse", metavar="FILE", help="predict against saved measurements")
     parser.add_argument("--paper-batch", type=int, default=128, help="AlexNet batch per worker")
     parser.add_argument("--stem", help="the result files' name (default: perf_model_PART)")

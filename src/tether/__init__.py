@@ -6,6 +6,8 @@ The public API::
     ctx = tether.init(method="sync-easgd"); model, opt = ctx.wrap(model, opt)   # your own loop
     work = tether.time_model(net, x, y, loss)                    # the performance model:
     tether.predict(work, "sync-sgd", workers=8, profile="p40-cluster")   # docs/performance.md
+    cal = tether.calibrate(model=..., train_data=..., loss=...)  # this machine, your model
+    tether.predict(cal.workload, "sync-easgd", workers=4, profile=cal.profile)
 
 ``tether.metrics`` holds the evaluation metrics (``tether.metrics.accuracy``); ``TrainConfig``
 lists every option. The command line (``tether train``) is a thin layer over the same pieces.
@@ -22,6 +24,7 @@ from tether.errors import TetherError, WorkerFailure
 
 if TYPE_CHECKING:
     from tether import metrics
+    from tether.api.calibrate import Calibrated, calibrate
     from tether.api.context import Context
     from tether.api.fit import FitResult, fit
     from tether.api.init import init
@@ -40,6 +43,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "metrics": ("tether.metrics", None),
     "resolve_config": ("tether.catalog", "resolve_config"),
     "time_model": ("tether.api.perf", "time_model"),
+    "calibrate": ("tether.api.calibrate", "calibrate"),
+    "Calibrated": ("tether.api.calibrate", "Calibrated"),
     "predict": ("tether.api.perf", "predict"),
     "predict_scaling": ("tether.api.perf", "predict_scaling"),
     "simulate": ("tether.api.perf", "simulate"),
@@ -58,12 +63,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Calibrated",
     "Context",
     "FitResult",
     "TetherError",
     "TrainConfig",
     "WorkerFailure",
     "__version__",
+    "calibrate",
     "fit",
     "init",
     "load_profile",

@@ -96,20 +96,14 @@ def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tup
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import socket
 
-    from tether.bench.calibrate import calibrate_machine, write_calibration
+    from tether.bench.calibrate import CalibrationOptions, calibrate_machine, write_calibration
+    from tether.bench.compute_samples import TrainerLoops
 
-    # before minutes of timing: what would fail at its end
-    for option, value, least in (
-        ("--workers", args.workers, 2),
-        ("--repeats", args.repeats, 1),
-        ("--loop-steps", args.loop_steps, 1),
-        ("--loop-runs", args.loop_runs, 1),
-    ):
-        if value < least:
-            raise TetherError(f"{option} must be at least {least}, got {value}")
-    if not args.timeout > 0:
-        raise TetherError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     config = _config(args)
+    options = CalibrationOptions(
+        args.workers, max(1, config.threads_per_worker), args.loop_runs, args.timeout
+    )
+    options.check(args.loop_steps, args.repeats)  # before minutes of timing
     name = args.name or f"{socket.gethostname()}-calibrated"
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
     threads = max(1, config.threads_per_worker)
@@ -122,8 +116,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         name,
         f"{config.model} at batch {config.batch_size}",
         lambda: _timed_workload(config, name, args.repeats),
-        train_argv,
-        args,
+        TrainerLoops(train_argv, 10, 10 + args.loop_steps),
+        options,
         lambda line: print(f"tether: {line}", file=sys.stderr),
     )
     profile, workload = calibration.profile, calibration.workload

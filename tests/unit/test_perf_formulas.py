@@ -15,7 +15,7 @@ from tether.comm.collectives.hierarchical import hierarchical_all_reduce
 from tether.comm.collectives.naive import naive_all_reduce
 from tether.comm.collectives.recursive_doubling import recursive_doubling_all_reduce
 from tether.comm.collectives.ring import ring_all_reduce
-from tether.comm.collectives.schedule import NodeLinks, cost
+from tether.comm.collectives.schedule import NodeLinks, cost, shared_core_cost
 from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import Links, all_reduce_time, best_all_reduce
@@ -40,6 +40,50 @@ def test_closed_forms_equal_the_schedules_on_one_node(name: str) -> None:
         for n in (4.0, 1e5, 3e8):
             expected = cost(SCHEDULES[name](world), n, A, B, G)
             assert all_reduce_time(name, world, n, links) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_shared_core_closed_forms_equal_the_schedules(name: str) -> None:
+    for cores in (1, 2, 3, 4, 8, 64):
+        for one_way in (None, 7e-5):
+            links = Links(A, B, G, IA, IB, 64, shared_cores=cores, one_way_a=one_way)
+            for world in range(2, 17):
+                for n in (4.0, 1e5, 3e8):
+                    schedule = SCHEDULES[name](world)
+                    expected = shared_core_cost(schedule, n, A, B, G, cores, one_way)
+                    got = all_reduce_time(name, world, n, links)
+                    assert got == pytest.approx(expected, rel=1e-12), (cores, world, n)
+
+
+def test_shared_cores_by_hand() -> None:
+    """2 ranks on 2 cores: the ring as on links; naive pays one end of each message, half the
+    link's bytes, so it costs the ring's time (what gloo over loopback measures). 4 ranks on 2
+    cores: every round of the ring stretches by 2."""
+    n = 1e6
+    one = Links(A, B, G, IA, IB, ranks_per_node=64)
+    shared = Links(A, B, G, IA, IB, ranks_per_node=64, shared_cores=2)
+    ring2 = 2 * A + n * B + n / 2 * G
+    assert all_reduce_time("ring", 2, n, shared) == pytest.approx(ring2)
+    assert all_reduce_time("ring", 2, n, one) == pytest.approx(ring2)
+    naive2 = (A + n * B / 2 + n * G) + (A + n * B / 2)
+    assert all_reduce_time("naive", 2, n, shared) == pytest.approx(naive2)
+    assert all_reduce_time("naive", 2, n, one) == pytest.approx(2 * A + 2 * n * B + n * G)
+    ring4 = 2 * (6 * A + 6 / 4 * n * B + 3 / 4 * n * G)
+    assert all_reduce_time("ring", 4, n, shared) == pytest.approx(ring4)
+    assert all_reduce_time("native", 4, n, shared) == pytest.approx(ring4)
+    # a one-way round (the tree's) starts in its own start-up; the ring's rounds keep a
+    trees = Links(A, B, G, IA, IB, ranks_per_node=64, shared_cores=2, one_way_a=3 * A)
+    assert all_reduce_time("naive", 2, n, trees) == pytest.approx(naive2 + 4 * A)
+    assert all_reduce_time("ring", 2, n, trees) == pytest.approx(ring2)
+    # across nodes the links price it as before: shared cores are one node's
+    two_nodes = Links(A, B, G, IA, IB, ranks_per_node=2, shared_cores=2)
+    assert all_reduce_time("ring", 4, n, two_nodes) == all_reduce_time(
+        "ring", 4, n, Links(A, B, G, IA, IB, ranks_per_node=2)
+    )
+    with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
+        all_reduce_time("spiral", 4, 1.0, shared)
+    with pytest.raises(ValueError, match="cores must be at least 1"):
+        shared_core_cost(SCHEDULES["ring"](2), n, A, B, G, 0)
 
 
 @pytest.mark.parametrize(("world", "per_node"), [(4, 2), (8, 2), (8, 4), (16, 4), (12, 3)])

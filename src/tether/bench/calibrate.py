@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.bench.compute_samples import ComputeSamples, TrainerLoops
+from tether.bench.compute_samples import ComputeSamples, LoopTimer
 from tether.bench.exchange_load import ExchangeSamples, fit_exchange_load
 from tether.bench.link_fit import fit_ring
 from tether.bench.server_wire import WireFit, measure_server_wire
@@ -199,23 +199,50 @@ class Calibration:
         }
 
 
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How a calibration samples: ranks for the links and the exchange (``workers``), a
+    worker's threads, rounds of samples (``loop_runs``), each launch's ``timeout`` (s)."""
+
+    workers: int = 2
+    threads_per_worker: int = 1
+    loop_runs: int = 3
+    timeout: float = 120.0
+
+    def check(self, loop_steps: int, repeats: int, prefix: str = "--") -> None:
+        """One-line errors for what would fail at the end of minutes of timing; ``prefix``
+        names the options as the caller spells them (``--loop-runs`` or ``loop_runs``)."""
+        for option, value, least in (
+            ("workers", self.workers, 2),
+            ("repeats", repeats, 1),
+            ("loop_steps", loop_steps, 1),
+            ("loop_runs", self.loop_runs, 1),
+        ):
+            if value < least:
+                spelled = prefix + (option.replace("_", "-") if prefix == "--" else option)
+                raise TetherError(f"{spelled} must be at least {least}, got {value}")
+        if not self.timeout > 0:
+            spelled = prefix + "timeout"
+            raise TetherError(f"{spelled} must be a positive number of seconds, got {self.timeout}")
+
+
 def calibrate_machine(
     name: str,
     what: str,
     time_layers: Callable[[], tuple[Workload, float]],
-    train_argv: list[str],
-    options: Any,
+    loops: LoopTimer,
+    options: CalibrationOptions,
     say: Callable[[str], None],
 ) -> Calibration:
     """Measure the running machine: ``options.loop_runs`` rounds of a compute sample
-    (:class:`~tether.bench.compute_samples.ComputeSamples`), a measurement of the links and of
-    the exchange in training (:class:`~tether.bench.exchange_load.ExchangeSamples`), the
-    server's wire after the first round, so that the samples span the whole calibration; the
-    medians are kept (:func:`median_links`). ``options`` holds ``tether
-    calibrate``'s ``workers``, ``threads_per_worker``, ``loop_steps``, ``loop_runs`` and
-    ``timeout``; ``say`` reports each step."""
+    (:class:`~tether.bench.compute_samples.ComputeSamples`: ``time_layers`` and ``loops``), a
+    measurement of the links and of the exchange in training
+    (:class:`~tether.bench.exchange_load.ExchangeSamples`), the server's wire after the first
+    round, so that the samples span the whole calibration; the medians are kept
+    (:func:`median_links`). ``loops`` runs the training loop: ``tether train``'s
+    (:class:`~tether.bench.compute_samples.TrainerLoops`) or ``tether.fit``'s; ``say`` reports
+    each step."""
     threads = max(1, options.threads_per_worker)
-    loops = TrainerLoops(train_argv, 10, 10 + options.loop_steps)
     samples = ComputeSamples(time_layers, loops, min(ONE_NODE, len(usable_cores()) // threads))
     exchanges = ExchangeSamples(loops, options.workers)
 

@@ -185,6 +185,7 @@ def predictor(
 
     fields = ("alpha", "beta", "gamma", "ranks_per_node", "backend", "host", "measured_at")
     info = {name: getattr(calibration, name, None) for name in fields}
+    info["round_cost"] = calibration.round_cost_json()  # what priced the rounds, if fitted
     return predict, {"source": "tether.comm.calibration", **info}
 
 

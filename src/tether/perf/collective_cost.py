@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tether.perf.shared_core_cost import shared_core_all_reduce
+
 ALL_REDUCE_ALGORITHMS = (
     "ring",
     "halving-doubling",
@@ -42,7 +44,10 @@ class Links:
     ``ranks_per_node`` ranks share a node (consecutive ranks, as launchers place them);
     ``a_load`` is what a collective's message costs more in training than on idle ranks, on
     either link, and ``service_load`` a parameter server's CPU per exchange beyond its priced
-    apply (:mod:`tether.perf.exchange_load`)."""
+    apply (:mod:`tether.perf.exchange_load`); ``shared_cores``, where set, the CPUs of a node
+    whose ranks move their bytes with them instead of over links of their own (loopback TCP,
+    shared memory: :mod:`tether.perf.shared_core_cost`), on one node, where a round of one-way
+    messages starts in ``one_way_a`` if measured apart (else ``a``)."""
 
     a: float
     b: float
@@ -53,6 +58,8 @@ class Links:
     server_wire: tuple[float, float] | None = None  # (a, b) of a server's messages in a node
     a_load: float = 0.0
     service_load: float = 0.0
+    shared_cores: int = 0
+    one_way_a: float | None = None
 
     def nodes(self, world: int) -> int:
         return math.ceil(world / max(1, self.ranks_per_node))
@@ -95,6 +102,9 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
     a, b, g = links.a + links.a_load, links.b, links.g
     inter_a = links.inter_a + links.a_load
     nodes = links.nodes(world)
+    if links.shared_cores and nodes == 1:
+        a1 = None if links.one_way_a is None else links.one_way_a + links.a_load
+        return shared_core_all_reduce(algorithm, world, n_bytes, a, b, g, links.shared_cores, a1)
     if algorithm == "native":
         algorithm = "ring"
     if algorithm == "hierarchical" and nodes > 1:

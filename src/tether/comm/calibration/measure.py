@@ -1,6 +1,7 @@
 """Measuring a calibration on the running group: the links' alpha and beta by ping-pong through
 ``exchange`` (within a node, and between two nodes where there are several), gamma by an
-in-place add, then every candidate algorithm timed side by side
+in-place add, the CPUs the ranks of a one-node group run on (where those CPUs move the bytes:
+every backend but NCCL), then every candidate algorithm timed side by side
 (:mod:`tether.comm.calibration.timed_algorithms`).
 
 Collective: every rank calls :func:`calibrate` at the same point; rank 0's numbers reach every
@@ -9,6 +10,7 @@ rank, so every rank builds the same :class:`~tether.comm.calibration.model.Calib
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from datetime import UTC, datetime
@@ -66,6 +68,16 @@ def measure_gamma() -> float:
     return (time.perf_counter() - start) / (5 * x.numel() * 4)
 
 
+def node_cores(transport: Transport) -> int:
+    """How many CPUs the group's ranks may run on together: the union of their affinities
+    (collective; one node). Pinned ranks count their own cores, unpinned ones the node's."""
+    width = max(os.cpu_count() or 1, *os.sched_getaffinity(0)) + 1
+    mine = torch.zeros(width, dtype=torch.float64)
+    mine[sorted(os.sched_getaffinity(0))] = 1.0
+    transport.all_reduce(mine, op="max")
+    return int(mine.sum())
+
+
 def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> Calibration:
     """Measure alpha, beta, gamma (and the inter-node alpha, beta) and time the algorithms.
     Collective: every rank calls it; every rank returns rank 0's numbers."""
@@ -81,6 +93,10 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         )
         transport.broadcast(values, 0)
     a, b, g, ia, ib = (float(v) for v in values)
+    # NCCL moves GPU memory over its own links; every other backend copies through the CPUs
+    cores = node_cores(transport) if world >= 2 and ranks_per_node >= world else 0
+    if backend == "nccl":
+        cores = 0
     measured, clear_wins = {}, {}
     if world >= 2:
         for kind in KINDS:
@@ -95,6 +111,7 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         gamma=g,
         inter_alpha=ia,
         inter_beta=ib,
+        cores=cores,
         measured=measured,
         clear_wins=clear_wins,
         backend=backend,

@@ -14,14 +14,16 @@ import bisect
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
+from tether.comm.calibration.round_fit import RoundCost, fit_round_cost
 from tether.comm.calibration.timed_algorithms import candidates, instantiate
 from tether.comm.collectives.base import Collective
-from tether.comm.collectives.schedule import NodeLinks, cost
+from tether.comm.collectives.schedule import NodeLinks, cost, shared_core_cost
 
 # 6: rounds of back-to-back calls (tether.comm.calibration.rounds); 7: all-gather timed too, and
-# an untimed call before every round at every size, as the benchmark does
-VERSION = 7
+# an untimed call before every round at every size, as the benchmark does; 8: the node's cores
+VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,18 @@ class Calibration:
     backend: str = ""
     host: str = ""
     measured_at: str = ""
+    # the CPUs a one-node group's ranks run on where those CPUs move the bytes (loopback TCP,
+    # shared memory); 0: links of their own (NCCL) or several nodes
+    cores: int = 0
+
+    @cached_property
+    def round_cost(self) -> RoundCost | None:
+        """The shared-core model's round cost fitted to this group's timed all-reduce algorithms
+        (:mod:`tether.comm.calibration.round_fit`); None off a shared-core node or unmeasured."""
+        if self.cores < 1:
+            return None
+        measured = self.measured.get("all_reduce", {})
+        return fit_round_cost(measured, self.world_size, self.gamma, self.cores)
 
     @property
     def inter(self) -> NodeLinks | None:
@@ -75,7 +89,9 @@ class Calibration:
     def predict(self, algorithm: str, kind: str, n_bytes: float) -> float | None:
         """The alpha-beta-gamma model's seconds for ``algorithm``'s ``kind`` on ``n_bytes`` bytes
         (native and auto: the measured times, which they are chosen by); None where there is no
-        model (an algorithm that does not implement ``kind``)."""
+        model (an algorithm that does not implement ``kind``). On a node whose CPUs move the
+        bytes, the shared-core cost with the fitted round cost (:attr:`round_cost`), else the
+        single-port cost with the ping-pong's numbers."""
         if algorithm == "native":
             return self.measured_time("native", kind, n_bytes)
         if algorithm == "auto":
@@ -85,6 +101,10 @@ class Calibration:
             return None
         n_elements = max(1, int(n_bytes) // 4)
         schedule = collective.schedule(self.world_size, n_elements, kind)
+        rounds = self.round_cost
+        if rounds is not None:
+            a, a1, b = rounds.alpha, rounds.one_way_alpha, rounds.beta
+            return shared_core_cost(schedule, n_bytes, a, b, self.gamma, self.cores, a1)
         return cost(schedule, n_bytes, self.alpha, self.beta, self.gamma, self.inter)
 
     def choose(self, kind: str, n_bytes: float) -> str:
@@ -120,6 +140,11 @@ class Calibration:
 
     def to_json(self) -> str:
         return json.dumps({"version": VERSION, **asdict(self)}, indent=2)
+
+    def round_cost_json(self) -> dict[str, float] | None:
+        """:attr:`round_cost` with the cores it was fitted for, as a report states it."""
+        rounds = self.round_cost
+        return None if rounds is None else {**asdict(rounds), "cores": self.cores}
 
     @staticmethod
     def from_json(text: str) -> Calibration:

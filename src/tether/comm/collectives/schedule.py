@@ -3,7 +3,7 @@
 Every algorithm in this package is one :class:`Schedule`: the executor
 in :mod:`tether.comm.collectives.base` runs it over torch.distributed, :func:`cost` prices it and
 :func:`simulate` runs it on plain tensors, so tests, the cost model and the simulator share one
-definition.
+definition (:func:`shared_core_cost` prices it on a node whose CPUs move the bytes).
 
 Semantics. The flat vector of ``n`` elements is split into ``chunks`` nearly equal contiguous
 chunks (the first ``n % chunks`` one element longer, as :func:`torch.tensor_split`). A
@@ -159,6 +159,46 @@ def cost(
             for shared in (*leaving.values(), *entering.values()):
                 worst = max(worst, inter.alpha + shared * inter.beta)
         total += worst
+    return total
+
+
+def shared_core_cost(
+    schedule: Schedule,
+    n_bytes: float,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    cores: int,
+    one_way_alpha: float | None = None,
+) -> float:
+    """Time of ``schedule`` on one node whose ``cores`` CPUs move every byte (loopback TCP or
+    shared memory: no wire, the kernel copies each message out of the sender and into the
+    receiver): each end of a message costs ``m*beta/2`` of its rank's CPU (so a round in which
+    every rank sends and receives ``m`` costs ``a + m*b``, the single-port model's price, and
+    ``beta`` keeps its meaning), a reduction ``m*gamma``; a round takes its busiest rank's work
+    or, with more active ranks than cores, their total work over the cores, and its start-up
+    ``alpha`` stretches by the same ``active/cores``. A rank that only sends or only receives in
+    a round therefore pays half the single-port price: what makes a tree's rounds as cheap as a
+    ring's per byte on such a node (docs/communication.md). ``one_way_alpha``, where given, is
+    the start-up of a round in which no rank both sends and receives (a tree's), ``alpha`` then
+    that of a round of exchanges (a ring's): on shared cores they differ
+    (:mod:`tether.comm.calibration.round_fit`)."""
+    if cores < 1:
+        raise ValueError(f"cores must be at least 1, not {cores}")
+    total = 0.0
+    for steps in schedule.by_round:
+        work: dict[int, float] = {}
+        for s in steps:
+            m = n_bytes * len(s.indices) / schedule.chunks
+            work[s.src] = work.get(s.src, 0.0) + m * beta / 2
+            reduce = m * gamma if s.op == "reduce" else 0.0
+            work[s.dst] = work.get(s.dst, 0.0) + m * beta / 2 + reduce
+        if not work:
+            continue
+        exchanges = bool({s.src for s in steps} & {s.dst for s in steps})
+        start = alpha if exchanges or one_way_alpha is None else one_way_alpha
+        stretch = max(1.0, len(work) / cores)
+        total += start * stretch + max(max(work.values()), sum(work.values()) / cores)
     return total
 
 
