@@ -83,6 +83,11 @@ def test_calibrate_from_python_gives_a_profile_that_predicts_the_users_model(
     prediction = tether.predict(cal.workload, "sync-easgd", workers=2, profile=cal.profile)
     assert prediction.iteration_s > 0
     assert "wrote" in capsys.readouterr().err
+    # a module (not a factory) is timed on a copy: the caller's weights stay as they were
+    net = small_net()
+    before = [p.detach().clone() for p in net.parameters()]
+    tether.calibrate(net, small_data(), F.cross_entropy, loop_runs=1, repeats=2, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
 
 
 @pytest.mark.parametrize(

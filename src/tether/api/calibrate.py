@@ -15,6 +15,7 @@ user's loop adds (the DataLoader's collation, the loss) is in the profile.
 
 from __future__ import annotations
 
+import copy
 import sys
 import tempfile
 import warnings
@@ -177,7 +178,8 @@ def calibrate(
     )
 
     def time_layers() -> tuple[Workload, float]:
-        net = model if isinstance(model, nn.Module) else model()
+        # a copy: the timed steps train it, and the caller's module must stay as it was
+        net = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
         if not isinstance(net, nn.Module):
             raise TetherError(f"model() must return a torch.nn.Module, not {type(net).__name__}")
         params = list(net.parameters())
