@@ -101,6 +101,8 @@ def test_calibrate_from_python_gives_a_profile_that_predicts_the_users_model(
         ({"method": "async-sgd"}, "calibrate sets method of its timed runs itself"),
         ({"loss": lambda model, batch: model(batch[0]).sum()}, "loss(outputs, targets)"),
         ({"train_data": TensorDataset(torch.zeros(0, 12), torch.zeros(0))}, "train_data is empty"),
+        ({"model": "lenet5"}, "tether calibrate --model NAME"),
+        ({"model": 3}, "model must be a torch.nn.Module or a function returning one, not int"),
     ],
 )
 def test_bad_input_is_one_line_before_any_timing(

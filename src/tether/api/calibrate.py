@@ -152,6 +152,16 @@ def calibrate(
     options_checked.check(loop_steps, repeats, prefix="")
     if batch_size < 1:
         raise TetherError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(model, str) or isinstance(train_data, str):
+        raise TetherError(
+            "calibrate takes your model and data set as objects; for a built-in one by name use "
+            "`tether calibrate --model NAME --dataset NAME`"
+        )
+    if not (isinstance(model, nn.Module) or callable(model)):
+        raise TetherError(
+            f"model must be a torch.nn.Module or a function returning one, not "
+            f"{type(model).__name__}"
+        )
     if takes_model_and_batch(loss):
         raise TetherError(
             "calibrate times the layers on an (inputs, targets) batch: give a loss of the form "
