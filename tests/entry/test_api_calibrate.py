@@ -127,3 +127,20 @@ def test_fit_loops_time_a_real_fit_run() -> None:
     )  # fmt: skip
     times = api_calibrate.FitLoops(arguments, 3, 9).one_worker()
     assert 0 < times.compute_s <= times.step_s < 1.0
+
+
+@pytest.mark.slow
+def test_a_real_calibration_from_python(tmp_path: Path) -> None:
+    """Every measurement real, one round (about 40 s on 2 cores): the profile predicts the
+    user's model with its timed layers, and the command's predict reads the file."""
+    out = tmp_path / "profile.json"
+    cal = tether.calibrate(
+        small_net, small_data(), F.cross_entropy, batch_size=32, loop_runs=1, loop_steps=20,
+        repeats=3, out=out, progress=False,
+    )  # fmt: skip
+    load = cal.profile.exchange_load
+    assert load is not None and load.alpha.value >= 0 and load.server.value >= 0
+    assert cal.profile.intra.beta.value > 0 and cal.workload.data_s >= 0
+    for method in ("sync-sgd", "sync-easgd", "async-sgd"):
+        assert tether.predict(cal.workload, method, workers=2, profile=cal.profile).iteration_s > 0
+    assert load_profile(str(out)).name == cal.profile.name
