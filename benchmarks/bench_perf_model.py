@@ -22,13 +22,15 @@ through the Python API (1.2 MiB; calibrated with ``tether.calibrate``, its runs 
 Part ``collectives``. ``tether bench comm`` times every all-reduce algorithm at 4 KiB - 16 MiB on
 2 and 4 ranks; the model prices each on a node whose 2 cores move the bytes
 (:mod:`tether.perf.shared_core_cost`): our algorithms with the round cost that ``bench comm``'s
-calibration fitted to its own earlier timing of the five algorithms at 16 B - 8 MiB (a separate
-measurement: two start-ups and a beta for all five, gamma its measured add), native with the
-links ``tether calibrate`` fits (the ring formula to native times on 2 ranks, measured first); beside them, in the same run, the single-port model (every rank
-on a link of its own: ours with the ping-pong's alpha and beta) that priced them before.
+calibration fitted to its own earlier timing of the five algorithms from one element per rank to
+8 MiB (a separate measurement: two start-ups and a beta for all five, gamma its measured add),
+native with the links ``tether calibrate`` fits (the ring formula to native times on 2 ranks,
+measured first). Beside them, in the same run: the same model fitted to the table's own times at
+four sizes and judged at the other nine, and the single-port model (every rank on a link of its
+own: ours with the ping-pong's alpha and beta) that priced them before.
 
     .venv/bin/python benchmarks/bench_perf_model.py --part iterations   # ~50 min a pass on 2 cores
-    .venv/bin/python benchmarks/bench_perf_model.py --part collectives  # ~6 min
+    .venv/bin/python benchmarks/bench_perf_model.py --part collectives  # ~2 min
 """
 
 from __future__ import annotations

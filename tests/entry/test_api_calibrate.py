@@ -102,6 +102,14 @@ def test_calibrate_from_python_gives_a_profile_that_predicts_the_users_model(
         ({"loss": lambda model, batch: model(batch[0]).sum()}, "loss(outputs, targets)"),
         ({"train_data": TensorDataset(torch.zeros(0, 12), torch.zeros(0))}, "train_data is empty"),
         ({"model": "lenet5"}, "tether calibrate --model NAME"),
+        ({"overwrite": True}, "calibrate sets overwrite of its timed runs itself"),
+        ({"threads_per_worker": 0}, "threads_per_worker must be at least 1, got 0"),
+        ({"lr_sheduel": "cosine"}, "lr_sheduel"),
+        ({"batch_size": 200}, "is larger than the training set (256 samples)"),
+        (
+            {"train_data": [{"x": torch.zeros(12), "y": 0}] * 8, "batch_size": 4},
+            "a batch of train_data is a dict",
+        ),
         ({"model": 3}, "model must be a torch.nn.Module or a function returning one, not int"),
     ],
 )

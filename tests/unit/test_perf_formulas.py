@@ -75,6 +75,10 @@ def test_shared_cores_by_hand() -> None:
     trees = Links(A, B, G, IA, IB, ranks_per_node=64, shared_cores=2, one_way_a=3 * A)
     assert all_reduce_time("naive", 2, n, trees) == pytest.approx(naive2 + 4 * A)
     assert all_reduce_time("ring", 2, n, trees) == pytest.approx(ring2)
+    # the load of training adds to both start-ups
+    loaded = Links(A, B, G, IA, IB, 64, a_load=A / 2, shared_cores=2, one_way_a=3 * A)
+    assert all_reduce_time("naive", 2, n, loaded) == pytest.approx(naive2 + 4 * A + 2 * A / 2)
+    assert all_reduce_time("ring", 2, n, loaded) == pytest.approx(ring2 + 2 * A / 2)
     # across nodes the links price it as before: shared cores are one node's
     two_nodes = Links(A, B, G, IA, IB, ranks_per_node=2, shared_cores=2)
     assert all_reduce_time("ring", 4, n, two_nodes) == all_reduce_time(

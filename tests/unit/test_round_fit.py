@@ -84,5 +84,15 @@ class _Alone:
         assert op == "max"
 
 
-def test_node_cores_counts_the_ranks_affinity() -> None:
-    assert node_cores(_Alone()) == len(os.sched_getaffinity(0))  # type: ignore[arg-type]
+class _WithAnother(_Alone):
+    """A group whose other rank may run on one more CPU, past this one's."""
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        super().all_reduce(tensor, op)
+        tensor[-1] = max(float(tensor[-1]), 1.0)
+
+
+def test_node_cores_counts_the_union_of_the_ranks_affinities() -> None:
+    mine = len(os.sched_getaffinity(0))
+    assert node_cores(_Alone()) == mine  # type: ignore[arg-type]
+    assert node_cores(_WithAnother()) == mine + 1  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import copy
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,16 +29,21 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tether.bench.compute_samples import LoopTimes, loop_times_from_metrics
+from tether.catalog import OversubscribedWarning
 from tether.errors import TetherError
 from tether.perf.profile import HardwareProfile
 from tether.perf.workload import Workload
 
 # the first steps of a run warm up (allocations, the first collectives): timed from this step on
 WARM_STEPS = 10
-# what each timed run sets (FitLoops), so not the caller's to give
+# what each timed run sets (FitLoops), or what would make it other than a short fresh run: not
+# the caller's to give
 RUN_KEYS = frozenset(
-    {"method", "workers", "steps", "epochs", "eval_every", "out", "tau", "bucket_mb", "overlap"}
-)
+    {
+        "method", "steps", "epochs", "eval_every", "tau", "bucket_mb", "overlap", "overwrite",
+        "resume", "target", "stop_at_target",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,31 @@ class FitLoops:
     def serving(self, workers: int) -> LoopTimes:
         return self._run("async-sgd", workers, {})
 
+    def plans(self, workers: int, node_workers: int) -> list[tuple[str, int, dict[str, Any]]]:
+        """Every kind of run a calibration makes: (method, workers, settings)."""
+        return [
+            ("sync-sgd", 1, {}),
+            ("local-sgd", node_workers, {"tau": self.long + 1}),
+            ("sync-sgd", workers, {"bucket_mb": 25.0, "overlap": False}),
+            ("async-sgd", workers, {}),
+        ]
+
+    def check(self, method: str, workers: int, settings: dict[str, Any]) -> None:
+        """A one-line error now for what the run would refuse after minutes of others."""
+        from tether.api.fit import check_fit
+
+        launch_only = {"collate_fn", "loader_options", "overwrite"}
+        arguments = {k: v for k, v in self.fit_arguments.items() if k not in launch_only}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscribedWarning)
+            check_fit(**arguments, **self._fixed(method, workers, settings))
+
+    def _fixed(self, method: str, workers: int, settings: dict[str, Any]) -> dict[str, Any]:
+        # the final evaluation only: it is not timed
+        return dict(method=method, workers=workers, steps=self.long, eval_every=10**9, **settings)
+
     def _run(self, method: str, workers: int, settings: dict[str, Any]) -> LoopTimes:
         from tether.api.fit import fit
-        from tether.catalog import OversubscribedWarning
 
         with (
             tempfile.TemporaryDirectory(prefix="tether-calibrate-") as scratch,
@@ -85,15 +112,7 @@ class FitLoops:
             # a server and its workers on every core is what the calibration means to time
             warnings.simplefilter("ignore", OversubscribedWarning)
             out = Path(scratch) / "fit"
-            fit(
-                **self.fit_arguments,
-                method=method,
-                workers=workers,
-                steps=self.long,
-                eval_every=1_000_000_000,  # the final evaluation only: it is not timed
-                out=out,
-                **settings,
-            )
+            fit(**self.fit_arguments, **self._fixed(method, workers, settings), out=out)
             metrics = (out / "metrics.jsonl").read_text()
         return loop_times_from_metrics(metrics, self.short, self.long)
 
@@ -108,7 +127,14 @@ def _first_batch(
         batch = next(iter(loader))
     except StopIteration:
         raise TetherError("train_data is empty: there is no batch to time") from None
-    return split_batch(batch)
+    try:
+        return split_batch(batch)
+    except TetherError:
+        raise TetherError(
+            f"calibrate times the layers on an (inputs, targets) batch, and a batch of "
+            f"train_data is a {type(batch).__name__}: give a data set of (inputs, targets) "
+            "pairs, or a collate_fn that makes them"
+        ) from None
 
 
 def calibrate(
@@ -141,17 +167,28 @@ def calibrate(
     also write the profile file that ``tether predict --profile`` reads. ``progress``: say each
     step on stderr. Several minutes on a small machine (2 cores, LeNet-5: about 3)."""
     from tether.bench.calibrate import (
+        ONE_NODE,
         CalibrationOptions,
+        busy_node_workers,
         calibrate_machine,
         time_model,
         write_calibration,
     )
     from tether.training.objective import takes_model_and_batch
 
-    options_checked = CalibrationOptions(workers, max(1, threads_per_worker), loop_runs, timeout)
+    if batch_size < 1 or threads_per_worker < 1:
+        what, value = (
+            ("batch_size", batch_size)
+            if batch_size < 1
+            else ("threads_per_worker", threads_per_worker)
+        )
+        raise TetherError(f"{what} must be at least 1, got {value}")
+    # a small data set holds only so many global batches: the busy-node runs start no more
+    most = len(train_data) // batch_size if isinstance(train_data, Sized) else ONE_NODE
+    options_checked = CalibrationOptions(
+        workers, threads_per_worker, loop_runs, timeout, max(1, min(ONE_NODE, most))
+    )
     options_checked.check(loop_steps, repeats, prefix="")
-    if batch_size < 1:
-        raise TetherError(f"batch_size must be at least 1, got {batch_size}")
     if isinstance(model, str) or isinstance(train_data, str):
         raise TetherError(
             "calibrate takes your model and data set as objects; for a built-in one by name use "
@@ -182,10 +219,13 @@ def calibrate(
         optimizer=optimizer,
         batch_size=batch_size,
         collate_fn=collate_fn,
-        threads_per_worker=max(1, threads_per_worker),
+        threads_per_worker=threads_per_worker,
         overwrite=True,
         **options,
     )
+    loops = FitLoops(fit_arguments, WARM_STEPS, WARM_STEPS + loop_steps)
+    for plan in loops.plans(workers, busy_node_workers(options_checked)):
+        loops.check(*plan)  # before minutes of timing: what a run would refuse
 
     def time_layers() -> tuple[Workload, float]:
         # a copy: the timed steps train it, and the caller's module must stay as it was
@@ -196,7 +236,7 @@ def calibrate(
         opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
         what = type(net).__name__
         return time_model(
-            net, inputs, targets, loss, opt, what, profile_name, max(1, threads_per_worker), repeats
+            net, inputs, targets, loss, opt, what, profile_name, threads_per_worker, repeats
         )
 
     def say(line: str) -> None:
@@ -207,7 +247,7 @@ def calibrate(
         profile_name,
         f"the model at batch {batch_size}",
         time_layers,
-        FitLoops(fit_arguments, WARM_STEPS, WARM_STEPS + loop_steps),
+        loops,
         options_checked,
         say,
     )

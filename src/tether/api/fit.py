@@ -146,6 +146,28 @@ def fit(
     return FitResult(summary, _load_model(task, run_dir, config.seed), run_dir)
 
 
+def check_fit(
+    model: Any,
+    train_data: Any,
+    loss: Any = None,
+    optimizer: Any = None,
+    method: str = "sync-easgd",
+    workers: int = 2,
+    batch_size: int = 64,
+    **options: Any,
+) -> None:
+    """What :func:`fit` with these arguments would refuse before starting a worker (the config,
+    the launch, the global batch against the data set), raised without running anything: for
+    a caller about to start many runs (``tether.calibrate``) to fail in one line at once."""
+    config, _ = _config(
+        model, train_data, loss, optimizer, None, None, method, workers, 1, batch_size, None,
+        None, None, False, options,
+    )  # fmt: skip
+    check_launch(config)
+    if isinstance(train_data, Sized):
+        check_global_batch(config, len(train_data))
+
+
 def _config(
     model: Any,
     train_data: Any,

@@ -202,12 +202,15 @@ class Calibration:
 @dataclass(frozen=True)
 class CalibrationOptions:
     """How a calibration samples: ranks for the links and the exchange (``workers``), a
-    worker's threads, rounds of samples (``loop_runs``), each launch's ``timeout`` (s)."""
+    worker's threads, rounds of samples (``loop_runs``), each launch's ``timeout`` (s), and at
+    most how many workers the busy-node runs start (``most_workers``: a small data set holds
+    only so many global batches; else one per core)."""
 
     workers: int = 2
     threads_per_worker: int = 1
     loop_runs: int = 3
     timeout: float = 120.0
+    most_workers: int = ONE_NODE
 
     def check(self, loop_steps: int, repeats: int, prefix: str = "--") -> None:
         """One-line errors for what would fail at the end of minutes of timing; ``prefix``
@@ -224,6 +227,13 @@ class CalibrationOptions:
         if not self.timeout > 0:
             spelled = prefix + "timeout"
             raise TetherError(f"{spelled} must be a positive number of seconds, got {self.timeout}")
+
+
+def busy_node_workers(options: CalibrationOptions) -> int:
+    """How many workers the busy-node runs start: one per core (of ``threads_per_worker``
+    threads), at most ``options.most_workers``."""
+    cores = len(usable_cores()) // max(1, options.threads_per_worker)
+    return max(1, min(ONE_NODE, cores, options.most_workers))
 
 
 def calibrate_machine(
@@ -243,7 +253,7 @@ def calibrate_machine(
     (:class:`~tether.bench.compute_samples.TrainerLoops`) or ``tether.fit``'s; ``say`` reports
     each step."""
     threads = max(1, options.threads_per_worker)
-    samples = ComputeSamples(time_layers, loops, min(ONE_NODE, len(usable_cores()) // threads))
+    samples = ComputeSamples(time_layers, loops, busy_node_workers(options))
     exchanges = ExchangeSamples(loops, options.workers)
 
     def take_sample() -> None:

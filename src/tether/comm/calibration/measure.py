@@ -68,14 +68,22 @@ def measure_gamma() -> float:
     return (time.perf_counter() - start) / (5 * x.numel() * 4)
 
 
+def _affinity() -> set[int]:
+    """The CPUs this process may run on (every CPU where the platform has no affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def node_cores(transport: Transport) -> int:
     """How many CPUs the group's ranks may run on together: the union of their affinities
     (collective; one node). Pinned ranks count their own cores, unpinned ones the node's."""
-    width = max(os.cpu_count() or 1, *os.sched_getaffinity(0)) + 1
-    mine = torch.zeros(width, dtype=torch.float64)
-    mine[sorted(os.sched_getaffinity(0))] = 1.0
-    transport.all_reduce(mine, op="max")
-    return int(mine.sum())
+    mine = _affinity()
+    width = max(os.cpu_count() or 1, *mine) + 1
+    mask = torch.zeros(width, dtype=torch.float64)
+    mask[sorted(mine)] = 1.0
+    transport.all_reduce(mask, op="max")
+    return int(mask.sum())
 
 
 def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> Calibration:
@@ -94,9 +102,8 @@ def calibrate(transport: Transport, ranks_per_node: int, backend: str = "") -> C
         transport.broadcast(values, 0)
     a, b, g, ia, ib = (float(v) for v in values)
     # NCCL moves GPU memory over its own links; every other backend copies through the CPUs
-    cores = node_cores(transport) if world >= 2 and ranks_per_node >= world else 0
-    if backend == "nccl":
-        cores = 0
+    shared = world >= 2 and ranks_per_node >= world and backend != "nccl"
+    cores = node_cores(transport) if shared else 0
     measured, clear_wins = {}, {}
     if world >= 2:
         for kind in KINDS:

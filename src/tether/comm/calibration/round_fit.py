@@ -4,8 +4,8 @@ algorithms.
 A ping-pong between two otherwise idle ranks is the wrong price for a round of a collective on a
 node whose ranks share its cores: each round waits for every rank in it to be scheduled, and the
 bytes are copied by the same CPUs (:func:`~tether.comm.collectives.schedule.shared_core_cost`).
-On a 2-core VM the ping-pong's ``a`` priced our algorithms far too low below 256 KiB, and the
-single-port model priced the trees' large messages twice too high. So where the node's CPUs
+The ping-pong's ``a`` misses that wait, and the single-port model charges a tree's one-way
+messages at both ends' bandwidth as if each rank had a wire of its own. So where the node's CPUs
 move the bytes, the calibration predicts with the three numbers (a round of exchanges' start-up,
 a round of one-way messages' start-up, ``b``; ``g`` is the measured add) that make the
 shared-core cost of every timed schedule (ring, halving-doubling, recursive doubling, binomial,
@@ -13,8 +13,9 @@ naive) closest to its measured times in relative terms. The five differ in how m
 part in a round, whether a rank both sends and receives in it, how many rounds they take and
 how many bytes each moves, so three numbers for all of them test the cost model's form rather
 than tabulate their times. Two start-ups, because a round in which every rank both sends and
-receives starts several times slower on shared cores than one in which each only sends or only
-receives (benchmarks/results/perf_model_collectives_amd-epyc-2cores.md).
+receives waits on both directions of every rank, one in which each only sends or only receives
+does not: fitted apart, they differ several times over on shared cores
+(benchmarks/results/perf_model_collectives_amd-epyc-2cores.md).
 """
 
 from __future__ import annotations
@@ -96,13 +97,25 @@ def _least_squares(
     return best, error(best)
 
 
-def _best_alphas(
-    points: list[tuple[Schedule, float, float]], beta: float, gamma: float, cores: int
-) -> tuple[RoundCost, float]:
-    """For a given ``beta``: the two start-ups of least squared relative error (the times are
-    linear in them) and that error."""
+def _start_up_columns(
+    points: list[tuple[Schedule, float, float]], cores: int
+) -> tuple[list[float], list[float]]:
+    """Each time's coefficients of the two start-ups (their stretched round counts)."""
     exchanges = [shared_core_cost(s, n, 1.0, 0.0, 0.0, cores, 0.0) for s, n, _ in points]
     one_way = [shared_core_cost(s, n, 0.0, 0.0, 0.0, cores, 1.0) for s, n, _ in points]
+    return exchanges, one_way
+
+
+def _best_alphas(
+    points: list[tuple[Schedule, float, float]],
+    columns: tuple[list[float], list[float]],
+    beta: float,
+    gamma: float,
+    cores: int,
+) -> tuple[RoundCost, float]:
+    """For a given ``beta``: the two start-ups of least squared relative error (the times are
+    linear in them, with ``columns`` as coefficients) and that error."""
+    exchanges, one_way = columns
     bytes_ = [shared_core_cost(s, n, 0.0, beta, gamma, cores, 0.0) for s, n, _ in points]
     targets = [t - w for (_, _, t), w in zip(points, bytes_, strict=True)]
     weights = [1 / t for _, _, t in points]
@@ -122,8 +135,10 @@ def fit_round_cost(
     if len(points) < 4:
         return None
 
+    columns = _start_up_columns(points, cores)
+
     def error(log_b: float) -> float:
-        return _best_alphas(points, math.exp(log_b), gamma, cores)[1]
+        return _best_alphas(points, columns, math.exp(log_b), gamma, cores)[1]
 
     # a coarse grid over log(b) brackets the best b (the error is piecewise smooth in it, so a
     # search from the whole range could settle in a side valley), a golden-section search
@@ -147,4 +162,4 @@ def fit_round_cost(
             x2 = lo + ratio * (hi - lo)
             f2 = error(x2)
     b = math.exp((lo + hi) / 2)
-    return _best_alphas(points, b, gamma, cores)[0]
+    return _best_alphas(points, columns, b, gamma, cores)[0]
