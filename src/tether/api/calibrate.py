@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tether.bench.compute_samples import LoopTimes, loop_times_from_metrics
+from tether.bench.exchange_load import ExchangeSamples
 from tether.catalog import OversubscribedWarning
 from tether.errors import TetherError
 from tether.perf.profile import HardwareProfile
@@ -79,24 +80,14 @@ class FitLoops:
     def serving(self, workers: int) -> LoopTimes:
         return self._run("async-sgd", workers, {})
 
-    def plans(self, workers: int, node_workers: int) -> list[tuple[str, int, dict[str, Any]]]:
-        """Every kind of run a calibration makes: (method, workers, settings)."""
-        return [
-            ("sync-sgd", 1, {}),
-            ("local-sgd", node_workers, {"tau": self.long + 1}),
-            ("sync-sgd", workers, {"bucket_mb": 25.0, "overlap": False}),
-            ("async-sgd", workers, {}),
-        ]
-
-    def check(self, method: str, workers: int, settings: dict[str, Any]) -> None:
-        """A one-line error now for what the run would refuse after minutes of others."""
-        from tether.api.fit import check_fit
-
-        launch_only = {"collate_fn", "loader_options", "overwrite"}
-        arguments = {k: v for k, v in self.fit_arguments.items() if k not in launch_only}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OversubscribedWarning)
-            check_fit(**arguments, **self._fixed(method, workers, settings))
+    def check(self, workers: int, node_workers: int) -> None:
+        """A one-line error now for what any of the calibration's runs would refuse after
+        minutes of others: each kind of run checked as this timer would start it (the exchange
+        runs through :class:`~tether.bench.exchange_load.ExchangeSamples` itself)."""
+        checks = _CheckedFitLoops(self.fit_arguments, self.short, self.long)
+        checks.one_worker()
+        checks.quiet(node_workers)
+        ExchangeSamples(checks, workers).take()
 
     def _fixed(self, method: str, workers: int, settings: dict[str, Any]) -> dict[str, Any]:
         # the final evaluation only: it is not timed
@@ -115,6 +106,21 @@ class FitLoops:
             fit(**self.fit_arguments, **self._fixed(method, workers, settings), out=out)
             metrics = (out / "metrics.jsonl").read_text()
         return loop_times_from_metrics(metrics, self.short, self.long)
+
+
+class _CheckedFitLoops(FitLoops):
+    """:class:`FitLoops` whose runs are checked (``tether.fit``'s refusals before a worker
+    starts), not run."""
+
+    def _run(self, method: str, workers: int, settings: dict[str, Any]) -> LoopTimes:
+        from tether.api.fit import check_fit
+
+        launch_only = {"collate_fn", "loader_options", "overwrite"}
+        arguments = {k: v for k, v in self.fit_arguments.items() if k not in launch_only}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscribedWarning)
+            check_fit(**arguments, **self._fixed(method, workers, settings))
+        return LoopTimes(0.0, 0.0)
 
 
 def _first_batch(
@@ -176,13 +182,8 @@ def calibrate(
     )
     from tether.training.objective import takes_model_and_batch
 
-    if batch_size < 1 or threads_per_worker < 1:
-        what, value = (
-            ("batch_size", batch_size)
-            if batch_size < 1
-            else ("threads_per_worker", threads_per_worker)
-        )
-        raise TetherError(f"{what} must be at least 1, got {value}")
+    if batch_size < 1:
+        raise TetherError(f"batch_size must be at least 1, got {batch_size}")
     # a small data set holds only so many global batches: the busy-node runs start no more
     most = len(train_data) // batch_size if isinstance(train_data, Sized) else ONE_NODE
     options_checked = CalibrationOptions(
@@ -224,8 +225,7 @@ def calibrate(
         **options,
     )
     loops = FitLoops(fit_arguments, WARM_STEPS, WARM_STEPS + loop_steps)
-    for plan in loops.plans(workers, busy_node_workers(options_checked)):
-        loops.check(*plan)  # before minutes of timing: what a run would refuse
+    loops.check(workers, busy_node_workers(options_checked))  # before minutes of timing
 
     def time_layers() -> tuple[Workload, float]:
         # a copy: the timed steps train it, and the caller's module must stay as it was

@@ -217,6 +217,7 @@ class CalibrationOptions:
         names the options as the caller spells them (``--loop-runs`` or ``loop_runs``)."""
         for option, value, least in (
             ("workers", self.workers, 2),
+            ("threads_per_worker", self.threads_per_worker, 1),
             ("repeats", repeats, 1),
             ("loop_steps", loop_steps, 1),
             ("loop_runs", self.loop_runs, 1),
