@@ -244,6 +244,7 @@ def main() -> None:
                 flush=True,
             )
     passed = sum(verdict(c["method"], c["result"])[0] for c in cells)
+    example = cells[0]["method"] if cells else methods[0]
     busy = max((c.get("foreign_cores", 0.0) for c in cells), default=0.0)
     lines = [
         f"Cells: {len(cells)}, goals met in {passed}. Each cell: `tether train --method M "
@@ -256,7 +257,7 @@ def main() -> None:
         "",
         *table(cells),
         "",
-        f"Command per cell, e.g. `{shlex.join(['tether', 'train', '--method', methods[0]])} ...`",
+        f"Command per cell, e.g. `{shlex.join(['tether', 'train', '--method', example])} ...`",
     ]
     write_part_result(
         "Defaults at every worker count: LeNet-5 / Fashion-MNIST",

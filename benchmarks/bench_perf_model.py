@@ -437,7 +437,7 @@ def part_collectives(args: argparse.Namespace, scratch: Path) -> tuple[list[str]
         command = [*tether_command(), "bench", "comm", "--op", "allreduce", "--algo", algos]
         # --recalibrate: the round cost is fitted to a timing made in this run, before the table's
         command += ["--sizes", "4KB:16MB", "--workers", str(world), "--recalibrate"]
-        command += ["--repeats", str(args.comm_repeats)]
+        command += ["--repeats", str(args.comm_repeats)] + (["--pin"] if args.pin else [])
         subprocess.run([*command, "--out", str(out)], check=True, capture_output=True)
         report = json.loads((out / "comm.json").read_text())
         ours, native = _collective_links(world, report, link_fit, cores)
@@ -580,6 +580,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--comm-repeats", type=int, default=20)
+    parser.add_argument(
+        "--pin", action="store_true", help="collectives: each rank's main thread on its own core"
+    )
     parser.add_argument("--reuse", metavar="FILE", help="predict against saved measurements")
     parser.add_argument("--paper-batch", type=int, default=128, help="AlexNet batch per worker")
     parser.add_argument("--stem", help="the result files' name (default: perf_model_PART)")

@@ -30,11 +30,12 @@ BACKENDS = ("auto", "gloo", "nccl")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16", "bf16")
 FAULT_KINDS = ("raise", "kill", "hang", "stop", "hang-after-send")
-# lr_scaling: the factor on the rate at r = update batch / lr_base_batch (TrainConfig.scaled_lr).
-LR_SCALINGS: dict[str, Callable[[float], float]] = {
-    "linear": lambda r: r,
-    "sqrt": math.sqrt,
-    "linear-capped": lambda r: min(r, 1.0),
+# lr_scaling: the factor on the rate at r = update batch / lr_base_batch, given r and the cap
+# lr_scale_max (TrainConfig.scaled_lr).
+LR_SCALINGS: dict[str, Callable[[float, float], float]] = {
+    "linear": lambda r, cap: r,
+    "sqrt": lambda r, cap: math.sqrt(r),
+    "linear-capped": lambda r, cap: min(r, cap),
 }
 LR_BATCHES = ("global", "node", "worker")  # lr_batch: which batch counts (update_batch)
 
@@ -75,11 +76,12 @@ class TrainConfig:
     # Scaling the rate with the batch: when lr_base_batch is set, lr is the rate at a batch of
     # that many samples, and at a batch of B samples (the batch one update averages over:
     # lr_batch, see update_batch) the optimizer takes lr * r, r = B / lr_base_batch
-    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, 1) ("linear-capped": linear
-    # up to the base batch, the base rate beyond it). The methods' defaults set them;
-    # an lr given without lr_base_batch is taken as it is.
+    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, lr_scale_max)
+    # ("linear-capped": linear up to lr_scale_max times the base batch, constant beyond). The
+    # methods' defaults set them; an lr given without lr_base_batch is taken as it is.
     lr_base_batch: int = 0
     lr_scaling: str = "linear"
+    lr_scale_max: float = 1.0  # the cap on r of "linear-capped"
     lr_batch: str = "global"  # "global", "node" or "worker": see update_batch
     # Damping an asynchronous parameter-server method's step as workers are added: when set, its
     # defaults were tuned at this many workers, and with P more each push is about P updates
@@ -197,12 +199,14 @@ class TrainConfig:
     def scaled_lr(self) -> float:
         """The learning rate the optimizer takes: ``lr``, or with ``lr_base_batch`` set ``lr``
         times ``r = update_batch / lr_base_batch`` (the linear scaling rule, Goyal et al. 2017),
-        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or ``min(r, 1)``
-        (``linear-capped``: the linear rule holds up to a critical batch, McCandlish et al. 2018,
-        and beyond it a larger rate buys less and nears the edge of the stable range)."""
+        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or
+        ``min(r, lr_scale_max)`` (``linear-capped``: the linear rule holds up to a critical
+        batch, McCandlish et al. 2018, and beyond it a larger rate buys less and nears the edge
+        of the stable range)."""
         if not self.lr_base_batch:
             return self.lr
-        return self.lr * LR_SCALINGS[self.lr_scaling](self.update_batch / self.lr_base_batch)
+        r = self.update_batch / self.lr_base_batch
+        return self.lr * LR_SCALINGS[self.lr_scaling](r, self.lr_scale_max)
 
     @property
     def async_damping(self) -> float:
@@ -304,6 +308,7 @@ class TrainConfig:
         _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
+        _require(self.lr_scale_max > 0, f"lr_scale_max must be > 0, got {self.lr_scale_max}")
         _require(self.async_base_workers >= 0, "async_base_workers must be >= 0 (0: no damping)")
         _require(
             self.lr_scaling in LR_SCALINGS,

@@ -91,6 +91,17 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise TetherError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+# a method's defaults that belong to its own rate, dropped when the user gives one
+OWN_RATE_KEYS = (
+    "lr_base_batch",
+    "lr_scaling",
+    "lr_scale_max",
+    "warmup_epochs",
+    "clip_grad_norm",
+    "async_base_workers",
+)
+
+
 def resolve_config(
     file: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -102,8 +113,8 @@ def resolve_config(
     rate for plain-SGD local steps, scaled with the batch); they apply only to keys that the
     file and the overrides leave unset, and only when starting from the defaults (a resumed
     run's config has them). A rate or a base batch the user gives drops the method's scaling,
-    warm-up and damping (a momentum the user gives, the damping): ``--lr 0.05`` means 0.05
-    from the first step."""
+    warm-up, clipping and damping (a momentum the user gives, the damping): ``--lr 0.05`` means
+    0.05 from the first step, on the gradient as it is."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()
@@ -111,9 +122,9 @@ def resolve_config(
     if base is None and method_defaults is not None and isinstance(method, str):
         defaults = dict(method_defaults(method))
         if "lr" in given or "lr_base_batch" in given:
-            # The method's scaling and warm-up are for its own rate: a rate given alone is
-            # taken as it is, and one given with a base batch scales by the user's rule.
-            for key in ("lr_base_batch", "lr_scaling", "warmup_epochs", "async_base_workers"):
+            # The method's scaling, warm-up and clip are for its own rate: a rate given alone
+            # is taken as it is, and one given with a base batch scales by the user's rule.
+            for key in OWN_RATE_KEYS:
                 defaults.pop(key, None)
         if "momentum" in given and "momentum" in defaults:
             # the damping takes from the method's own momentum first: the user's stays (a

@@ -16,7 +16,7 @@ from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
 from tether.methods import METHODS
-from tether.methods.default_rates import damped_step
+from tether.methods.default_rates import damped_step, describe_rate
 from tether.targets import Target, parse_target, target_text
 
 
@@ -145,6 +145,14 @@ def test_the_linear_scaling_rule_counts_the_batch_one_update_averages_over() -> 
     assert below.scaled_lr == pytest.approx(0.05)  # linear below the base batch
     above = TrainConfig(**base, lr_scaling="linear-capped")
     assert above.scaled_lr == pytest.approx(0.1)  # the base rate above it
+    doubled = {**base, "lr_scaling": "linear-capped", "lr_scale_max": 2.0}
+    assert TrainConfig(**doubled).scaled_lr == pytest.approx(0.2)  # 512: r = 2, at the cap
+    assert TrainConfig(**{**doubled, "workers": 16}).scaled_lr == pytest.approx(0.2)  # r = 4
+    assert TrainConfig(**{**doubled, "workers": 6}).scaled_lr == pytest.approx(0.15)  # r = 1.5
+    assert TrainConfig(**base, lr_scale_max=2.0).scaled_lr == pytest.approx(0.2)  # linear: no cap
+    assert TrainConfig(**{**base, "workers": 16}, lr_scale_max=2.0).scaled_lr == pytest.approx(0.4)
+    with pytest.raises(TetherError, match="lr_scale_max must be > 0, got 0"):
+        TrainConfig(lr_scale_max=0).validate()
     with pytest.raises(TetherError, match="lr_scaling must be linear, sqrt or linear-capped"):
         TrainConfig(lr_scaling="log").validate()
     with pytest.raises(TetherError, match="lr_batch must be global, node or worker"):
@@ -159,10 +167,27 @@ def test_a_rate_given_without_its_base_batch_is_taken_as_it_is() -> None:
         assert default.lr_base_batch == method_defaults(method)["lr_base_batch"]
         given = catalog_resolve(None, {"method": method, "workers": 8, "lr": 0.05})
         assert (given.lr_base_batch, given.scaled_lr, given.warmup_epochs) == (0, 0.05, 0.0)
+        assert given.clip_grad_norm is None, method  # the clip guarded the method's own rate
         both = catalog_resolve(
             None, {"method": method, "workers": 8, "lr": 0.05, "lr_base_batch": 64}
         )
         assert (both.lr_base_batch, both.lr_scaling) == (64, "linear"), method  # the user's rule
+
+
+def test_all_workers_defaults_double_the_rate_at_most_and_clip_the_gradient() -> None:
+    """sync-sgd, local-sgd and two-level-easgd: 0.1 at 256 samples, linear up to 512 (0.2),
+    constant beyond; the gradient's norm clipped at 2 unless the user sets a clip or a rate."""
+    for method in ("sync-sgd", "local-sgd", "two-level-easgd"):
+        rates = [catalog_resolve(None, {"method": method, "workers": w}) for w in (1, 4, 8, 16)]
+        assert [c.scaled_lr for c in rates] == pytest.approx([0.025, 0.1, 0.2, 0.2]), method
+        assert {c.clip_grad_norm for c in rates} == {2.0}, method
+        own = catalog_resolve(None, {"method": method, "workers": 8, "clip_grad_norm": 5.0})
+        assert (own.clip_grad_norm, own.scaled_lr) == (5.0, pytest.approx(0.2)), method
+    easgd = catalog_resolve(None, {"method": "sync-easgd", "workers": 8})
+    assert (easgd.clip_grad_norm, easgd.scaled_lr) == (None, 0.4)  # the plain-SGD workers
+    assert "lr 0.1 x min(r, 2), r = B / 256" in describe_rate(method_defaults("sync-sgd"))
+    assert "clip_grad_norm 2" in describe_rate(method_defaults("sync-sgd"))
+    assert "lr 0.4 x min(r, 1), r = B / 64" in describe_rate(method_defaults("sync-easgd"))
 
 
 def test_an_asynchronous_step_is_damped_beyond_its_workers_from_the_momentum_first() -> None:

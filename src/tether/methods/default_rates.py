@@ -1,12 +1,14 @@
 """The methods' default learning rates as functions of the run's batch.
 
 A default rate is tuned at a reference batch and scaled for another one with the
-``linear-capped`` rule (``TrainConfig.scaled_lr``): in proportion to the batch below the
-reference (the linear scaling rule, Goyal et al. 2017), the reference rate above it
-(benchmarks/results/defaults_sweep_*.md: sync-sgd at a global batch of 512 crawled at the linear
-rule's 0.2, diverged at the square root rule's 0.141 and at 0.12, reached 88% once at 0.14, and
-trains at 0.1: the stable range ends near 0.14 there, so a default stays at 0.1). Which batch
-counts depends on what one update averages over (``lr_batch``).
+``linear-capped`` rule (``TrainConfig.scaled_lr``): in proportion to the batch (the linear
+scaling rule, Goyal et al. 2017) up to a cap, constant beyond it. Which batch counts depends on
+what one update averages over (``lr_batch``). For momentum SGD on all workers' batches the cap
+is twice the reference, guarded by a clip of the gradient's global norm at 2
+(benchmarks/results/clip_sweep_*.md, LeNet-5 at a global batch of 512: unclipped, the linear
+rule's 0.2 crawled and 0.12 diverged, so the cap was the reference rate, 0.1, which missed 88%
+in 5 epochs on two seeds; clipped at 2, about twice the median norm of a batch-64 gradient, 0.2
+reached 88% in 3.72 epochs on both seeds).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 from tether.config import TrainConfig
 
 GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
+GLOBAL_SCALE_MAX = 2.0  # the linear rule up to 2 x 256 samples: measured stable there when clipped
+GLOBAL_CLIP_NORM = 2.0  # the gradient's global norm clipped at 2 with the scaled default rate
 WORKER_REFERENCE = 64  # the default per-worker batch
 ASYNC_REFERENCE_WORKERS = 4  # the parameter-server methods' rates were tuned on 4 workers
 
@@ -24,14 +28,17 @@ ASYNC_REFERENCE_WORKERS = 4  # the parameter-server methods' rates were tuned on
 def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
     """Defaults for momentum SGD on every worker's batch together (sync-sgd's all-reduced
     gradient, local-sgd's averaged replicas; ``batch="node"``: one node's, two-level-easgd),
-    ``lr`` at 256 samples, with a linear warm-up over the first half epoch (it took sync-sgd at
-    4 workers from 3.97 to 2.97 epochs to 88%)."""
+    ``lr`` at 256 samples, scaled linearly up to twice that, with a linear warm-up over the first
+    half epoch (it took sync-sgd at 4 workers from 3.97 to 2.97 epochs to 88%) and the
+    gradient's norm clipped at 2 (what makes the doubled rate stable: module docstring)."""
     return {
         "lr": lr,
         "lr_base_batch": GLOBAL_REFERENCE,
         "lr_batch": batch,
         "lr_scaling": "linear-capped",
+        "lr_scale_max": GLOBAL_SCALE_MAX,
         "warmup_epochs": 0.5,
+        "clip_grad_norm": GLOBAL_CLIP_NORM,
     }
 
 
@@ -71,7 +78,9 @@ BATCH_COUNTED = {
     "node": "one node's batches",
     "worker": "each worker's own batch",
 }
-SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-capped": "min(r, 1)"}
+SCALING_TEXT = {"linear": "r", "sqrt": "sqrt(r)", "linear-capped": "min(r, {cap:g})"}
+# the keys describe_rate reads into the rate's own text
+RATE_KEYS = ("lr", "lr_base_batch", "lr_batch", "lr_scaling", "lr_scale_max", "async_base_workers")
 
 
 def describe_rate(defaults: Mapping[str, Any]) -> str:
@@ -81,7 +90,9 @@ def describe_rate(defaults: Mapping[str, Any]) -> str:
     rate = f"lr {defaults.get('lr', TrainConfig.lr):g}"
     if base:
         counted = BATCH_COUNTED[defaults.get("lr_batch", "global")]
-        rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")]
+        rule = SCALING_TEXT[defaults.get("lr_scaling", "linear")].format(
+            cap=defaults.get("lr_scale_max", TrainConfig.lr_scale_max)
+        )
         rate += f" x {rule}, r = B / {base}, B = {counted}"
     workers = defaults.get("async_base_workers")
     if workers:
@@ -89,6 +100,6 @@ def describe_rate(defaults: Mapping[str, Any]) -> str:
     others = [
         f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
         for key, value in defaults.items()
-        if key not in ("lr", "lr_base_batch", "lr_batch", "lr_scaling", "async_base_workers")
+        if key not in RATE_KEYS
     ]
     return ", ".join([rate, *others])

@@ -35,9 +35,11 @@ class SyncSGD(BucketedGradients):
     """Synchronous SGD with tensor fusion and communication overlapped with backward.
 
     Default rate 0.1 at a global batch of 256 (fastest to 85% on LeNet-5 / Fashion-MNIST, 4
-    workers; 0.2 diverged: benchmarks/results/method_defaults_sweep.md), scaled by min(r, 1)
-    for another global batch, with a half-epoch warm-up: the best rates at 1 and 2 workers were
-    0.025 and 0.05, and at 8 workers 0.12 and 0.141 diverged (benchmarks/results/defaults_*.md).
+    workers; 0.2 diverged: benchmarks/results/method_defaults_sweep.md), scaled by min(r, 2)
+    for another global batch, with a half-epoch warm-up and the gradient's norm clipped at 2:
+    the best rates at 1 and 2 workers were 0.025 and 0.05, and at 8 workers the linear rule's
+    0.2 reached 88% only when clipped (0.12 unclipped diverged; benchmarks/results/defaults_*.md,
+    clip_sweep_*.md).
     """
 
     name = "sync-sgd"
