@@ -449,6 +449,44 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert "after finish: this run has finished" in result.stdout
 
 
+CLIP_SCRIPT = """
+import torch
+import tether
+
+def one_step(optimizer_of):
+    ctx = tether.init(method="sync-sgd")
+    net = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.zeros_(net.weight)
+    model, opt = ctx.wrap(net, optimizer_of(net))
+    opt.zero_grad()
+    (1000 * model(torch.ones(1, 3)).sum()).backward()  # a gradient of norm 1000 * sqrt(3)
+    opt.step()
+    clip, step = ctx.config.clip_grad_norm, float(net.weight.detach().norm())
+    ctx.finish()
+    return clip, step
+
+print("own", *one_step(lambda net: torch.optim.SGD(net.parameters(), lr=0.001)))
+print("default", *one_step(lambda net: None))
+"""
+
+
+def test_init_clips_with_the_methods_own_rate_but_not_a_users_optimizer(tmp_path: Path) -> None:
+    # sync-sgd's defaults clip the gradient's norm at 2 to keep their doubled rate stable; a
+    # DDP loop moved to ctx.wrap with its own optimizer must train as it did: unclipped.
+    script = tmp_path / "clip.py"
+    script.write_text(CLIP_SCRIPT)
+    result = _run([sys.executable, str(script)], timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    clip, step = lines["own"].split()
+    assert clip == "None" and float(step) == pytest.approx(
+        3**0.5, rel=1e-5
+    )  # 0.001 x 1000 x sqrt(3)
+    clip, step = lines["default"].split()
+    # the method's own step: lr 0.025 (1 worker x 64 of 256 x 0.1) on the gradient clipped at 2
+    assert float(clip) == 2.0 and float(step) == pytest.approx(0.025 * 2, rel=1e-5)
+
+
 class TinyNormed(nn.Module):
     """Inputs far from mean 0 and variance 1: evaluated with batch norm's initial statistics,
     its hidden layer would be normalised wrongly."""

@@ -58,8 +58,12 @@ class Context:
         device: torch.device,
         env: DistEnv,
         placement: Placement,
+        own_optimizer_config: TrainConfig | None = None,
     ) -> None:
         self.config = config
+        # the run's config for a user's own optimizer (ctx.wrap(model, opt)): without the
+        # method's defaults for its own rate (scaling, warm-up, clip), as tether.fit does
+        self.own_optimizer_config = own_optimizer_config or config
         self.transport = transport
         self.device = device
         self.env = env
@@ -147,6 +151,7 @@ class Context:
         model.to(self.device)  # in place: an optimizer built over its parameters stays valid
         if optimizer is not None:
             _check_optimizer_covers(model, optimizer)
+            self.config = self.own_optimizer_config  # the user's optimizer sets its own rate
         context = MethodContext(self.config, self.data, self.device, self.placement, self.grid)
         method = self.method_class(model, context, optimizer, scheduler)
         method.start(0)

@@ -72,6 +72,11 @@ def init(method: str | None = None, **options: Any) -> Context:
     if "parallel_plan" in values:  # a dict plan, as the config keeps it
         values["parallel_plan"] = plan_option(values["parallel_plan"])
     config = resolve_config(None, values, method_defaults=method_defaults)
+    # With an optimizer of the user's own (given to ctx.wrap), the method's defaults for its
+    # own rate (scaling, warm-up, a clip) do not apply: the same rule as tether.fit's.
+    own_optimizer = resolve_config(
+        None, {"lr_base_batch": 0, **values}, method_defaults=method_defaults
+    )
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)
     if env.rank == 0:
@@ -84,7 +89,7 @@ def init(method: str | None = None, **options: Any) -> Context:
     _generation += 1
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
-    return Context(config, TorchTransport(), device, env, placement)
+    return Context(config, TorchTransport(), device, env, placement, own_optimizer)
 
 
 def _free_port() -> int:

@@ -32,9 +32,9 @@ def average_(flat: torch.Tensor, transport) -> None:
 
 class LocalSGD(TrainingMethod):
     """Default tau 4 and sync-sgd's rate (0.1 at a global batch of 256, scaled by min(r, 2),
-    a half-epoch warm-up, the gradient's norm clipped at 2): on 4 workers lr 0.1 and 0.05 reached 85% in the same 348 steps, tau 1
-    took 406 (benchmarks/results/method_defaults_sweep.md; every worker count:
-    benchmarks/results/defaults_*.md).
+    a half-epoch warm-up, the gradient's norm clipped at 2): on 4 workers lr 0.1 and 0.05
+    reached 85% in the same 348 steps, tau 1 took 406 (benchmarks/results/
+    method_defaults_sweep.md; every worker count: benchmarks/results/defaults_*.md).
     """
 
     name = "local-sgd"

@@ -66,10 +66,9 @@ def node_size(context: MethodContext) -> int:
 class TwoLevelEASGD(BucketedGradients, SyncEASGD):
     """Default: momentum SGD inside a node at sync-sgd's rate for the node's batch (0.1 at 256
     samples, scaled by min(r, 2), a half-epoch warm-up, the norm clipped at 2; one node is
-    sync-sgd), tau 4. With
-    2 nodes x 2 ranks, 85% test accuracy on LeNet-5 / Fashion-MNIST took 348 steps at lr 0.1 and
-    406 at 0.05 (the scaled rate of a node of 128) or with tau 1, 464 with tau 8 or at lr 0.2,
-    and 754 with sync-easgd's plain SGD at lr 0.4 or 0.8, tau 1
+    sync-sgd), tau 4. With 2 nodes x 2 ranks, 85% test accuracy on LeNet-5 / Fashion-MNIST took
+    348 steps at lr 0.1 and 406 at 0.05 (the scaled rate of a node of 128) or with tau 1, 464
+    with tau 8 or at lr 0.2, and 754 with sync-easgd's plain SGD at lr 0.4 or 0.8, tau 1
     (benchmarks/results/partition_nodes_amd-epyc-2cores.md, notes).
     """
 
