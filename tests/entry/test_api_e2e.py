@@ -479,9 +479,8 @@ def test_init_clips_with_the_methods_own_rate_but_not_a_users_optimizer(tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     clip, step = lines["own"].split()
-    assert clip == "None" and float(step) == pytest.approx(
-        3**0.5, rel=1e-5
-    )  # 0.001 x 1000 x sqrt(3)
+    unclipped = 0.001 * 1000 * 3**0.5  # the user's lr on the whole gradient
+    assert clip == "None" and float(step) == pytest.approx(unclipped, rel=1e-5)
     clip, step = lines["default"].split()
     # the method's own step: lr 0.025 (1 worker x 64 of 256 x 0.1) on the gradient clipped at 2
     assert float(clip) == 2.0 and float(step) == pytest.approx(0.025 * 2, rel=1e-5)
