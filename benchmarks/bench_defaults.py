@@ -249,7 +249,9 @@ def main() -> None:
     lines = [
         f"Cells: {len(cells)}, goals met in {passed}. Each cell: `tether train --method M "
         f"--workers W --epochs 5|3 --seed {args.seed}` plus the settings shown (LeNet-5, "
-        "Fashion-MNIST, per-worker batch 64; everything else the method's default). Time: "
+        "Fashion-MNIST, per-worker batch 64 unless the method holds its global batch, as "
+        "those whose workers step on their own batch do beyond 2 workers: the global batch "
+        "column; everything else the method's default). Time: "
         "training time to the first evaluation at or above the target (evaluation pauses "
         "excluded, start-up not counted). Cells are run one after another, not interleaved; "
         f"other work on the machine kept at most {busy:.2f} cores busy during a cell (the "

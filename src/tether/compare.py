@@ -1,8 +1,10 @@
 """``tether compare``: run several training methods on the same job, one after another, and compare.
 
-Every method gets the same model, data, worker count, batch, run length and seed; each runs as a
-normal ``tether train`` run in ``OUT/<method>/``. A method whose run fails is recorded as failed
-and the comparison goes on. ``OUT`` then holds ``compare.json`` (the rows and shared settings),
+Every method gets the same model, data, worker count, run length and seed, and the same batch
+unless a method's defaults hold its global batch (those whose workers step on their own batch,
+beyond 2 workers; each row shows the batch it ran with). Each runs as a normal ``tether
+train`` run in ``OUT/<method>/``. A method whose run fails is recorded as failed and the
+comparison goes on. ``OUT`` then holds ``compare.json`` (the rows and shared settings),
 ``compare.md`` (the table) and ``compare.png`` (accuracy against time, and the time split).
 """
 
@@ -141,6 +143,9 @@ def run_comparison(
         rows.append(row)
 
     settings = shared_settings(config, target, target_is_default)
+    ran = {(row.get("settings") or {}).get("batch_size") for row in rows} - {None}
+    if ran:  # what the runs used: a method may hold its global batch (its row says)
+        settings["batch_size"] = ran.pop() if len(ran) == 1 else None
     png = plot_comparison(
         rows,
         out / "compare.png",

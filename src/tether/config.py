@@ -36,6 +36,7 @@ LR_SCALINGS: dict[str, Callable[[float, float], float]] = {
     "linear": lambda r, cap: r,
     "sqrt": lambda r, cap: math.sqrt(r),
     "linear-capped": lambda r, cap: min(r, cap),
+    "sqrt-capped": lambda r, cap: min(math.sqrt(r), cap),
 }
 LR_BATCHES = ("global", "node", "worker")  # lr_batch: which batch counts (update_batch)
 
@@ -56,6 +57,11 @@ class TrainConfig:
     # When set, the run length in optimizer steps; it takes precedence over epochs.
     steps: int | None = None
     batch_size: int = 64  # per worker; the global batch is batch_size * workers
+    # When set and batch_size is not given, the per-worker batch shrinks as workers are added
+    # so that the global batch stays at most this many samples: global_batch_max // P, not
+    # below 16 (config_sources.held_batch_size). 0: off. Set by the defaults of the methods
+    # whose workers step on their own batch (tether.methods.default_rates.own_batch_rate).
+    global_batch_max: int = 0
     lr: float = 0.05
     momentum: float = 0.9
     nesterov: bool = False
@@ -76,12 +82,13 @@ class TrainConfig:
     # Scaling the rate with the batch: when lr_base_batch is set, lr is the rate at a batch of
     # that many samples, and at a batch of B samples (the batch one update averages over:
     # lr_batch, see update_batch) the optimizer takes lr * r, r = B / lr_base_batch
-    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), or lr * min(r, lr_scale_max)
-    # ("linear-capped": linear up to lr_scale_max times the base batch, constant beyond). The
-    # methods' defaults set them; an lr given without lr_base_batch is taken as it is.
+    # (lr_scaling "linear"), lr * sqrt(r) ("sqrt"), lr * min(r, lr_scale_max)
+    # ("linear-capped": linear up to lr_scale_max times the base batch, constant beyond), or
+    # lr * min(sqrt(r), lr_scale_max) ("sqrt-capped"). The methods' defaults set them; an lr
+    # given without lr_base_batch is taken as it is.
     lr_base_batch: int = 0
     lr_scaling: str = "linear"
-    lr_scale_max: float = 1.0  # the cap on r of "linear-capped"
+    lr_scale_max: float = 1.0  # the cap of "linear-capped" and "sqrt-capped"
     lr_batch: str = "global"  # "global", "node" or "worker": see update_batch
     # Damping an asynchronous parameter-server method's step as workers are added: when set, its
     # defaults were tuned at this many workers, and with P more each push is about P updates
@@ -199,10 +206,10 @@ class TrainConfig:
     def scaled_lr(self) -> float:
         """The learning rate the optimizer takes: ``lr``, or with ``lr_base_batch`` set ``lr``
         times ``r = update_batch / lr_base_batch`` (the linear scaling rule, Goyal et al. 2017),
-        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017), or
+        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017),
         ``min(r, lr_scale_max)`` (``linear-capped``: the linear rule holds up to a critical
         batch, McCandlish et al. 2018, and beyond it a larger rate buys less and nears the edge
-        of the stable range)."""
+        of the stable range), or ``min(sqrt(r), lr_scale_max)`` (``sqrt-capped``)."""
         if not self.lr_base_batch:
             return self.lr
         r = self.update_batch / self.lr_base_batch
@@ -235,6 +242,10 @@ class TrainConfig:
             self.workers <= MAX_WORKERS, f"workers must be <= {MAX_WORKERS}, got {self.workers}"
         )
         _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _require(
+            self.global_batch_max >= 0,
+            f"global_batch_max must be >= 0 (0: off), got {self.global_batch_max}",
+        )
         _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
         _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")

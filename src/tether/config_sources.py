@@ -102,6 +102,19 @@ OWN_RATE_KEYS = (
 )
 
 
+HELD_BATCH_MIN = 16  # global_batch_max shrinks a worker's batch no further than this
+
+
+def held_batch_size(config: TrainConfig) -> int:
+    """The per-worker batch under ``global_batch_max`` (0: ``batch_size`` as it is): as workers
+    are added, ``global_batch_max // P`` for P data workers once ``batch_size * P`` exceeds it,
+    not below 16 (the global batch grows again beyond ``global_batch_max / 16`` workers)."""
+    cap, workers = config.global_batch_max, config.data_workers
+    if not cap or config.batch_size * workers <= cap:
+        return config.batch_size
+    return max(cap // workers, min(HELD_BATCH_MIN, config.batch_size))
+
+
 def resolve_config(
     file: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -114,7 +127,8 @@ def resolve_config(
     file and the overrides leave unset, and only when starting from the defaults (a resumed
     run's config has them). A rate or a base batch the user gives drops the method's scaling,
     warm-up, clipping and damping (a momentum the user gives, the damping): ``--lr 0.05`` means
-    0.05 from the first step, on the gradient as it is."""
+    0.05 from the first step, on the gradient as it is. Unless the batch size is given, a
+    ``global_batch_max`` shrinks the per-worker batch with the workers (:func:`held_batch_size`)."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()
@@ -131,4 +145,7 @@ def resolve_config(
             # method without one, async-sgd, damps its rate and ignores a momentum given)
             defaults.pop("async_base_workers", None)
         config = apply_overrides(config, defaults)
-    return apply_overrides(config, given).validate()
+    config = apply_overrides(config, given).validate()
+    if base is None and "batch_size" not in given:
+        config = dataclasses.replace(config, batch_size=held_batch_size(config))
+    return config

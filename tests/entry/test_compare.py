@@ -60,13 +60,14 @@ def test_a_failed_method_does_not_stop_the_comparison(
 ) -> None:
     """Two fake methods: the first run fails, the second writes a summary; both are reported."""
     launched: list[tuple[str, int]] = []
+    batches = {"works": 64, "held": 32}  # the batch each fake method ran with
 
     def fake_launch(config: TrainConfig, task_file: Path | None = None) -> None:
         launched.append((config.method, config.workers))
         if config.method == "broken":
             raise WorkerFailure("worker rank 1 failed: RuntimeError: boom", [1])
         run = Path(str(config.out))
-        run.mkdir(parents=True)
+        run.mkdir(parents=True, exist_ok=True)
         history = [{"time_s": 1.0, "step": 5, "epoch": 0.1, "test_accuracy": 0.9, "test_loss": 0.3}]
         summary = {
             "method": config.method,
@@ -80,7 +81,7 @@ def test_a_failed_method_does_not_stop_the_comparison(
             "comm_fraction": 0.1,
             "samples_per_s": 100.0,
             "time_split_s": {"data": 0.1, "compute": 2.0, "comm": 0.2},
-            "settings": {"lr": 0.4, "batch_size": 64, "tau": 1},
+            "settings": {"lr": 0.4, "batch_size": batches[config.method], "tau": 1},
             "alpha": 0.3,
             "history": history,
         }
@@ -99,6 +100,7 @@ def test_a_failed_method_does_not_stop_the_comparison(
     assert "failed: worker rank 1 failed: RuntimeError: boom" in md
     assert "| works | 1.0 | 90.00% |" in md and "| works | 1.0 | 90.00% |" in captured.out
     assert "| lr 0.4, batch 64, tau 1, alpha 0.3 |" in md  # each row: what that method ran with
+    assert "3 workers, batch 64 per worker (192 global)" in md  # what the runs shared
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert (tmp_path / "compare.png").exists()
@@ -111,3 +113,7 @@ def test_a_failed_method_does_not_stop_the_comparison(
     with pytest.raises(WorkerFailure, match="broken failed, nothing to compare"):
         run_comparison(config, ["broken"], overwrite=True)
     assert not (tmp_path / "works" / "summary.json").exists()  # the earlier run was replaced
+    # Methods that ran different batches (one held its global batch): no shared batch claimed.
+    assert run_comparison(config, ["works", "held"], overwrite=True) == 0
+    md = (tmp_path / "compare.md").read_text()
+    assert "3 workers, each method's batch in its row" in md and "batch 32, tau 1" in md

@@ -153,7 +153,12 @@ def test_the_linear_scaling_rule_counts_the_batch_one_update_averages_over() -> 
     assert TrainConfig(**{**base, "workers": 16}, lr_scale_max=2.0).scaled_lr == pytest.approx(0.4)
     with pytest.raises(TetherError, match="lr_scale_max must be > 0, got 0"):
         TrainConfig(lr_scale_max=0).validate()
-    with pytest.raises(TetherError, match="lr_scaling must be linear, sqrt or linear-capped"):
+    assert TrainConfig(**base, lr_scaling="sqrt-capped").scaled_lr == pytest.approx(0.1)  # r = 2
+    capped_sqrt = {**base, "workers": 2, "lr_scaling": "sqrt-capped"}
+    assert TrainConfig(**capped_sqrt).scaled_lr == pytest.approx(0.1 * 0.5**0.5)  # r = 1/2
+    with pytest.raises(
+        TetherError, match="lr_scaling must be linear, sqrt, linear-capped or sqrt-capped"
+    ):
         TrainConfig(lr_scaling="log").validate()
     with pytest.raises(TetherError, match="lr_batch must be global, node or worker"):
         TrainConfig(lr_batch="rank").validate()
@@ -183,11 +188,40 @@ def test_all_workers_defaults_double_the_rate_at_most_and_clip_the_gradient() ->
         assert {c.clip_grad_norm for c in rates} == {2.0}, method
         own = catalog_resolve(None, {"method": method, "workers": 8, "clip_grad_norm": 5.0})
         assert (own.clip_grad_norm, own.scaled_lr) == (5.0, pytest.approx(0.2)), method
-    easgd = catalog_resolve(None, {"method": "sync-easgd", "workers": 8})
+    easgd = catalog_resolve(None, {"method": "sync-easgd", "workers": 2})
     assert (easgd.clip_grad_norm, easgd.scaled_lr) == (None, 0.4)  # the plain-SGD workers
     assert "lr 0.1 x min(r, 2), r = B / 256" in describe_rate(method_defaults("sync-sgd"))
     assert "clip_grad_norm 2" in describe_rate(method_defaults("sync-sgd"))
-    assert "lr 0.4 x min(r, 1), r = B / 64" in describe_rate(method_defaults("sync-easgd"))
+    assert "lr 0.4 x min(sqrt(r), 1), r = B / 64" in describe_rate(method_defaults("sync-easgd"))
+
+
+def test_own_batch_methods_hold_the_global_batch_beyond_two_workers() -> None:
+    """The methods whose workers step on their own batch (the EASGD family, the parameter-server
+    and Hogwild methods): beyond 2 workers the default per-worker batch shrinks to hold the
+    global batch at 128 (at least 16 per worker), and the rate follows the square root of the
+    worker's batch."""
+    own = [m for m in METHODS.names() if method_defaults(m).get("lr_batch") == "worker"]
+    assert len(own) == 8, own
+    for method in own:
+        runs = [catalog_resolve(None, {"method": method, "workers": w}) for w in (1, 2, 4, 8, 16)]
+        assert [c.batch_size for c in runs] == [64, 64, 32, 16, 16], method
+        base = method_defaults(method)["lr"]
+        rates = [base, base, base * 0.5**0.5, base * 0.5, base * 0.5]
+        assert [c.scaled_lr for c in runs] == pytest.approx(rates), method
+        given = catalog_resolve(None, {"method": method, "workers": 8, "batch_size": 64})
+        assert (given.batch_size, given.scaled_lr) == (64, pytest.approx(base)), method
+        larger = catalog_resolve(None, {"method": method, "workers": 2, "batch_size": 256})
+        assert larger.scaled_lr == pytest.approx(base), method  # capped at the reference rate
+    text = describe_rate(method_defaults("sync-easgd"))
+    assert text.endswith("; batch 128 / P per worker beyond 2 workers"), text
+    for method in ("sync-sgd", "local-sgd", "two-level-easgd"):  # all workers' batch: 64 each
+        assert catalog_resolve(None, {"method": method, "workers": 16}).batch_size == 64
+    held = catalog_resolve(None, {"method": "sync-sgd", "workers": 8, "global_batch_max": 128})
+    assert (held.batch_size, held.scaled_lr) == (16, pytest.approx(0.05))  # 128 samples
+    split = catalog_resolve(None, {"method": "sync-easgd", "workers": 8, "model_parallel": 2})
+    assert split.batch_size == 32  # 4 data-parallel groups of 32: 128 samples
+    with pytest.raises(TetherError, match=r"global_batch_max must be >= 0 \(0: off\), got -1"):
+        TrainConfig(global_batch_max=-1).validate()
 
 
 def test_an_asynchronous_step_is_damped_beyond_its_workers_from_the_momentum_first() -> None:
@@ -216,18 +250,39 @@ def _server_step(**given: Any) -> dict[str, Any]:
 
 
 def test_the_parameter_server_defaults_are_damped_but_a_users_settings_are_not() -> None:
-    msgd = {"method": "async-msgd"}
+    msgd = {"method": "async-msgd", "batch_size": 64}  # the damping alone: no held batch
     assert _server_step(**msgd, workers=4) == {"lr": 0.01, "momentum": 0.9}
     assert _server_step(**msgd, workers=8) == {"lr": 0.01, "momentum": pytest.approx(0.8)}
     assert _server_step(**msgd, workers=8, momentum=0.9) == {"lr": 0.01, "momentum": 0.9}
     assert _server_step(**msgd, workers=8, lr=0.02) == {"lr": 0.02, "momentum": 0.9}
-    sgd = {"method": "async-sgd"}
+    sgd = {"method": "async-sgd", "batch_size": 64}
     assert _server_step(**sgd, workers=4)["lr"] == pytest.approx(0.1)
     assert _server_step(**sgd, workers=8) == {"lr": pytest.approx(0.05), "momentum": 0}
     assert _server_step(**sgd, workers=8, lr=0.1)["lr"] == 0.1
     # async-sgd has no momentum to take from: one given (and ignored) leaves the damping on
     assert _server_step(**sgd, workers=8, momentum=0.5)["lr"] == pytest.approx(0.05)
+    # with the held batch (16 per worker on 8): the square-root rate, then the damping
+    held = _server_step(method="async-msgd", workers=8)
+    assert held == {"lr": pytest.approx(0.005), "momentum": pytest.approx(0.8)}
+    assert _server_step(method="async-sgd", workers=8)["lr"] == pytest.approx(0.025)
     damped = [m for m in METHODS.names() if method_defaults(m).get("async_base_workers")]
     assert damped == ["async-sgd", "async-msgd"]
     ignored = ignored_settings(TrainConfig(method="sync-sgd"), ["async_base_workers"])
     assert ignored == ["sync-sgd ignores async_base_workers (it applies to async-sgd, async-msgd)"]
+
+
+@pytest.mark.filterwarnings("ignore:8 processes on")  # an oversubscribed launch, not run here
+def test_fit_holds_the_batch_unless_given_and_init_leaves_it_to_the_loop() -> None:
+    """tether.fit builds the loaders, so the EASGD family's held batch applies when no batch is
+    given (observed through the global-batch check: 8 x 16 samples fit in 200, 8 x 64 do
+    not); under tether.init the user's loop picks the batch, so the config keeps 64."""
+    from tether.api.fit import check_fit
+    from tether.api.init import init_configs
+
+    data = torch.utils.data.TensorDataset(torch.zeros(200, 4), torch.zeros(200, dtype=torch.long))
+    check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8)
+    with pytest.raises(TetherError, match=r"8 workers x batch 64 x accumulate 1 = 512\) is larger"):
+        check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8, batch_size=64)
+    config, own = init_configs("sync-easgd", 8, {})
+    assert (config.batch_size, config.scaled_lr, own.batch_size) == (64, 0.4, 64)
+    assert init_configs("sync-easgd", 8, {"batch_size": 16})[0].batch_size == 16

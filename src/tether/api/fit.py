@@ -79,7 +79,7 @@ def fit(
     method: str = "sync-easgd",
     workers: int = 2,
     epochs: int = 1,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     out: str | Path | None = None,
     target: tuple[str, float] | tuple[str, str, float] | str | None = None,
     log: str | None = None,
@@ -153,7 +153,7 @@ def check_fit(
     optimizer: Any = None,
     method: str = "sync-easgd",
     workers: int = 2,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     **options: Any,
 ) -> None:
     """What :func:`fit` with these arguments would refuse before starting a worker (the config,
@@ -178,7 +178,7 @@ def _config(
     method: str,
     workers: int,
     epochs: int,
-    batch_size: int,
+    batch_size: int | None,
     out: Any,
     target: Any,
     log: str | None,
@@ -190,9 +190,10 @@ def _config(
         "method": method,
         "workers": workers,
         "epochs": epochs,
-        "batch_size": batch_size,
         **options,
     }
+    if batch_size is not None:  # None: the method's default (64, or held: docs/api.md)
+        values["batch_size"] = batch_size
     values["model"] = model if isinstance(model, str) else describe(model)
     values["dataset"] = train_data if isinstance(train_data, str) else describe(train_data)
     for key, value in (("loss", loss), ("optimizer", optimizer), ("lr_schedule", scheduler)):

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from tether.api.context import Context
 from tether.catalog import check_names, method_defaults, warn_ignored
 from tether.comm.transport import TorchTransport
+from tether.config import TrainConfig
 from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
@@ -68,15 +70,7 @@ def init(method: str | None = None, **options: Any) -> Context:
             f"tether.init takes no {', '.join(unknown)}: in your own loop you build them and "
             "pass the model and optimizer to ctx.wrap"
         )
-    values = {**options, "method": method, "workers": env.world_size - servers}
-    if "parallel_plan" in values:  # a dict plan, as the config keeps it
-        values["parallel_plan"] = plan_option(values["parallel_plan"])
-    config = resolve_config(None, values, method_defaults=method_defaults)
-    # With an optimizer of the user's own (given to ctx.wrap), the method's defaults for its
-    # own rate (scaling, warm-up, a clip) do not apply: the same rule as tether.fit's.
-    own_optimizer = resolve_config(
-        None, {"lr_base_batch": 0, **values}, method_defaults=method_defaults
-    )
+    config, own_optimizer = init_configs(method, env.world_size - servers, options)
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)
     if env.rank == 0:
@@ -90,6 +84,29 @@ def init(method: str | None = None, **options: Any) -> Context:
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
     return Context(config, TorchTransport(), device, env, placement, own_optimizer)
+
+
+def init_configs(
+    method: str, workers: int, options: Mapping[str, Any]
+) -> tuple[TrainConfig, TrainConfig]:
+    """The run's config for ``tether.init``, and the one that applies when ``ctx.wrap`` gets an
+    optimizer of the user's own: then the method's defaults for its own rate (scaling, warm-up,
+    a clip) do not apply, the same rule as tether.fit's."""
+    # Your loop picks its batch (ctx.sampler's default is batch_size): a method's held global
+    # batch (global_batch_max, the EASGD family's) is for the loaders tether.fit builds.
+    values = {
+        "batch_size": TrainConfig.batch_size,
+        **options,
+        "method": method,
+        "workers": workers,
+    }
+    if "parallel_plan" in values:  # a dict plan, as the config keeps it
+        values["parallel_plan"] = plan_option(values["parallel_plan"])
+    config = resolve_config(None, values, method_defaults=method_defaults)
+    own_optimizer = resolve_config(
+        None, {"lr_base_batch": 0, **values}, method_defaults=method_defaults
+    )
+    return config, own_optimizer
 
 
 def _free_port() -> int:

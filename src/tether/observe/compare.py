@@ -158,11 +158,14 @@ def settings_line(settings: dict[str, Any]) -> str:
     workers = f"{settings['workers']} workers" + (
         f" in model groups of {groups}" if groups > 1 else ""
     )
-    global_batch = settings["batch_size"] * settings["workers"] // groups
+    batch = settings["batch_size"]
+    if batch is None:  # the methods ran with different batches
+        batch_text = "each method's batch in its row"
+    else:
+        batch_text = f"batch {batch} per worker ({batch * settings['workers'] // groups} global)"
     return (
         f"Settings: model {settings['model']}, dataset {settings['dataset']}, "
-        f"{workers}, batch {settings['batch_size']} per worker "
-        f"({global_batch} global), {length}, "
+        f"{workers}, {batch_text}, {length}, "
         f"seed {settings['seed']} (each method's own settings in its row); {target}. "
         f"Date: {settings['date']}."
     )
