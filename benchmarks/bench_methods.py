@@ -224,34 +224,38 @@ def claims(rows: dict[str, dict[str, Any]], target: float, tie: float) -> list[t
     return out
 
 
+def _g(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else "?" if value is None else str(value)
+
+
 def settings_table(rows: list[dict[str, Any]], workers: int, cores: int) -> list[str]:
     lines = [
-        "| method | processes | cores per process | lr | momentum | tau | alpha "
+        "| method | processes | cores per process | batch | lr | momentum | tau | alpha "
         "| time to target (s) | epochs run | other work (cores) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         method = row["method"]
         procs = workers + METHODS.get(method).server_processes
         head = f"| {method} | {procs} | {cores / procs:.2f} "
         if row["status"] != "ok":
-            lines.append(head + f"| – | – | – | – | failed | – | {row['foreign_cores']:.2f} |")
+            lines.append(head + f"| – | – | – | – | – | failed | – | {row['foreign_cores']:.2f} |")
             continue
-        cfg = row["settings"]
+        cfg, ran = row["config"], row.get("settings") or {}
         elastic = "easgd" in method
         uses_momentum = method in ("sync-sgd", "local-sgd", "async-measgd", "async-msgd")
         uses_tau = elastic or method in ("local-sgd", "async-sgd", "async-msgd")
         alpha = cfg.get("alpha")
         if not elastic:
             alpha_text = "–"
-        elif alpha is None:
-            alpha_text = f"0.9/P = {0.9 / workers:.3f}"
+        elif alpha is None:  # the method's default, as its run computed it (two-level: nodes)
+            alpha_text = f"0.9/P = {_g(ran.get('alpha', 0.9 / workers))}"
         else:
             alpha_text = str(alpha)
         ttt = row["time_to_target_s"]
         lines.append(
-            head
-            + f"| {cfg.get('lr', '?')} | {cfg.get('momentum', '?') if uses_momentum else 'none'} "
+            head + f"| {ran.get('batch_size', '?')} | {_g(ran.get('lr'))} "
+            f"| {_g(ran.get('momentum')) if uses_momentum else 'none'} "
             f"| {cfg.get('tau', '?') if uses_tau else '–'} | {alpha_text} "
             f"| {'not reached' if ttt is None else f'{ttt:.1f}'} "
             f"| {row['steps'] / row['steps_per_epoch']:.2f} | {row['foreign_cores']:.2f} |"
@@ -277,6 +281,12 @@ def write_markdown(
     cores = int(info["cores"])
     server = [r["method"] for r in rows if METHODS.get(r["method"]).server_processes]
     passed = sum(ok for _, ok in checks)
+    batch = settings["batch_size"]  # None: the methods ran with different batches
+    batch_text = (
+        f"per-worker batch {batch} (global {batch * args.workers})"
+        if batch is not None
+        else "each method's own per-worker batch (its row in the settings table)"
+    )
     lines = [
         f"# All methods on {args.workers} workers: LeNet-5 / Fashion-MNIST, time to "
         f"{args.target:.0%}",
@@ -293,9 +303,8 @@ def write_markdown(
         "in the settings table)",
         "",
         "Each method runs with its own tuned defaults (the `defaults` of its class in "
-        "`src/tether/methods/`, chosen by the sweep in `method_defaults_sweep.md`); everything "
-        f"else is shared: {args.workers} workers, per-worker batch {settings['batch_size']} "
-        f"(global {settings['batch_size'] * args.workers}), seed {args.seed}, at most "
+        '`src/tether/methods/`, README "Methods"); everything else is shared: '
+        f"{args.workers} workers, {batch_text}, seed {args.seed}, at most "
         f"{args.epochs} epochs, stopping at the first evaluation (four per epoch) at or above "
         f"{args.target:.0%}. Time to target is training time from the first step, evaluation "
         "pauses excluded; start-up (about 10 s a method) is not in it.",
@@ -309,7 +318,8 @@ def write_markdown(
         "communication rounds (for server methods: worker-server exchanges) where the method "
         "counts them, else optimizer steps.",
         "",
-        "Per-method settings as run (from each run's config.toml):",
+        "Per-method settings as run (batch, rate and momentum as the optimizer took them, from "
+        "each run's summary.json; tau and alpha from its config.toml):",
         "",
         *settings_table(rows, args.workers, cores),
         "",
@@ -372,7 +382,7 @@ def main() -> None:
         loads = (load_before, os.getloadavg()[0])
         for row in data["rows"]:
             row["foreign_cores"] = foreign.cores(*spans.get(row["method"], (0.0, 0.0)))
-            row["settings"] = run_settings(row)
+            row["config"] = run_settings(row)  # row["settings"]: what the run used
             summary = Path(row["run_dir"]) / "summary.json"
             if summary.exists():
                 s = json.loads(summary.read_text())
