@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tether.config import TrainConfig
+from tether.config_sources import load_toml
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
 from tether.train_options import add_train_options, config_from_args, given_keys
@@ -26,6 +27,15 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"tether: error: {message} (see `{self.prog} --help`)\n")
+
+
+def batch_text(config: TrainConfig, given: set[str]) -> str:
+    """The run's per-worker batch for its first line, saying so when the method's defaults
+    shrank it (``global_batch_max``: a user who did not ask for 16 is told why)."""
+    text = f"batch {config.batch_size} per worker"
+    if config.batch_size < TrainConfig.batch_size and "batch_size" not in given:
+        text += f" (the method holds its global batch at {config.global_batch_max}; --batch-size)"
+    return text
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -61,9 +71,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_run_dir(config, args.overwrite, model if config.resume else None)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
+    given = given_keys(args) | (set(load_toml(args.config)) if args.config else set())
     print(
         f"tether: {config.method} on {config.workers} workers{groups} ({processes} processes), "
-        f"{config.model} / {config.dataset}, run directory {config.out}",
+        f"{batch_text(config, given)}, {config.model} / {config.dataset}, "
+        f"run directory {config.out}",
         file=sys.stderr,
     )
     launch_training(config, overwrite=args.overwrite)

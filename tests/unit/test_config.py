@@ -286,3 +286,16 @@ def test_fit_holds_the_batch_unless_given_and_init_leaves_it_to_the_loop() -> No
     config, own = init_configs("sync-easgd", 8, {})
     assert (config.batch_size, config.scaled_lr, own.batch_size) == (64, 0.4, 64)
     assert init_configs("sync-easgd", 8, {"batch_size": 16})[0].batch_size == 16
+
+
+def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
+    from tether.cli import batch_text
+
+    held = catalog_resolve(None, {"method": "async-easgd", "workers": 8})
+    assert batch_text(held, set()) == (
+        "batch 16 per worker (the method holds its global batch at 128; --batch-size)"
+    )
+    given = catalog_resolve(None, {"method": "async-easgd", "workers": 8, "batch_size": 16})
+    assert batch_text(given, {"batch_size"}) == "batch 16 per worker"
+    plain = catalog_resolve(None, {"method": "sync-sgd", "workers": 8})
+    assert batch_text(plain, set()) == "batch 64 per worker"

@@ -93,7 +93,7 @@ def init_configs(
     optimizer of the user's own: then the method's defaults for its own rate (scaling, warm-up,
     a clip) do not apply, the same rule as tether.fit's."""
     # Your loop picks its batch (ctx.sampler's default is batch_size): a method's held global
-    # batch (global_batch_max, the EASGD family's) is for the loaders tether.fit builds.
+    # batch (global_batch_max, the own-batch methods') is for the loaders tether.fit builds.
     values = {
         "batch_size": TrainConfig.batch_size,
         **options,
