@@ -9,6 +9,7 @@ a failed worker prints which rank failed and why and exits with code 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 import warnings
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tether.config import TrainConfig
-from tether.config_sources import load_toml
+from tether.config_sources import held_batch_size, load_toml
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
 from tether.train_options import add_train_options, config_from_args, given_keys
@@ -33,7 +34,9 @@ def batch_text(config: TrainConfig, given: set[str]) -> str:
     """The run's per-worker batch for its first line, saying so when the method's defaults
     shrank it (``global_batch_max``: a user who did not ask for 16 is told why)."""
     text = f"batch {config.batch_size} per worker"
-    if config.batch_size < TrainConfig.batch_size and "batch_size" not in given:
+    default = TrainConfig.batch_size
+    held = held_batch_size(dataclasses.replace(config, batch_size=default))
+    if "batch_size" not in given and config.batch_size == held != default:
         text += f" (the method holds its global batch at {config.global_batch_max}; --batch-size)"
     return text
 

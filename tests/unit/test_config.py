@@ -299,3 +299,6 @@ def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
     assert batch_text(given, {"batch_size"}) == "batch 16 per worker"
     plain = catalog_resolve(None, {"method": "sync-sgd", "workers": 8})
     assert batch_text(plain, set()) == "batch 64 per worker"
+    # a resumed run's batch is not among the keys given: only a method's hold is named
+    resumed = TrainConfig(method="sync-sgd", workers=4, batch_size=32)
+    assert batch_text(resumed, set()) == "batch 32 per worker"
