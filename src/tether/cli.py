@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tether.config import TrainConfig
-from tether.config_sources import held_batch_size, load_toml
+from tether.config_sources import held_batch_size
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
-from tether.train_options import add_train_options, config_from_args, given_keys
+from tether.train_options import add_train_options, config_from_args, given_values
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,8 +32,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 def batch_text(config: TrainConfig, given: set[str]) -> str:
     """The run's per-worker batch for its first line, saying so when the method's defaults
-    shrank it (``global_batch_max``: a user who did not ask for 16 is told why)."""
+    shrank it (``global_batch_max``: a user who did not ask for 16 is told why). A resumed run
+    keeps its batch, whoever chose it, and is not told."""
     text = f"batch {config.batch_size} per worker"
+    if config.resume:
+        return text
     default = TrainConfig.batch_size
     held = held_batch_size(dataclasses.replace(config, batch_size=default))
     if "batch_size" not in given and config.batch_size == held != default:
@@ -57,8 +60,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.training.run_dir import check_run_dir
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}")
-    warn_ignored(config, given_keys(args))
+    given = given_values(args)
+    config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}", given)
+    warn_ignored(config, set(given))
     # Fail on missing or corrupt data here, in one line, before any worker starts; the user's
     # own components also get a dry run on two samples (a loss that returns a vector, a model
     # that does not fit the data).
@@ -74,14 +78,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_run_dir(config, args.overwrite, model if config.resume else None)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
-    given = given_keys(args) | (set(load_toml(args.config)) if args.config else set())
     print(
         f"tether: {config.method} on {config.workers} workers{groups} ({processes} processes), "
-        f"{batch_text(config, given)}, {config.model} / {config.dataset}, "
+        f"{batch_text(config, set(given))}, {config.model} / {config.dataset}, "
         f"run directory {config.out}",
         file=sys.stderr,
     )
     launch_training(config, overwrite=args.overwrite)
+    assert config.out is not None  # config_from_args names a run directory when none is given
     print(run_summary_text(Path(config.out)))
     return 0
 

@@ -171,23 +171,28 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def given_keys(args: argparse.Namespace) -> set[str]:
-    """The config keys the command line sets (options and --set), for the warnings about
-    settings the method ignores."""
-    keys = {key for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
-    keys |= {key for key in FLAG_KEYS if hasattr(args, key)}
-    return keys | set(parse_set_options(args.overrides))
-
-
-def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfig], str]):
-    """Defaults <- resumed run's config <- --config file <- --set <- explicit options."""
-    from tether.catalog import resolve_config
-
+def given_values(args: argparse.Namespace) -> dict[str, Any]:
+    """What the user set for this run, each config key once: the --config file <- --set <-
+    explicit options (the file read here, once). Its keys are also what the warnings about
+    settings the method ignores look at, and what decides whether a method may hold the batch."""
     explicit = {key: getattr(args, key) for _, key, _, _ in TRAIN_OPTIONS if hasattr(args, key)}
     for key in FLAG_KEYS:
         if hasattr(args, key):
             explicit[key] = getattr(args, key)
-    overrides = {**parse_set_options(args.overrides), **explicit}
+    from_file = load_toml(args.config) if args.config is not None else {}
+    return {**from_file, **parse_set_options(args.overrides), **explicit}
+
+
+def config_from_args(
+    args: argparse.Namespace,
+    default_out: Callable[[TrainConfig], str],
+    given: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Defaults <- resumed run's config <- --config file <- --set <- explicit options
+    (``given``: :func:`given_values`, read here when not passed)."""
+    from tether.catalog import resolve_config
+
+    overrides = dict(given_values(args) if given is None else given)
     base = None
     if args.resume is not None:
         resumed = args.resume / "config.toml"
@@ -202,7 +207,7 @@ def config_from_args(args: argparse.Namespace, default_out: Callable[[TrainConfi
                     f"--{key} {asked} would be another run: drop --{key}, or start a new run"
                 )
         overrides.update(out=str(args.resume), resume=True)
-    config = resolve_config(args.config, overrides, base)
+    config = resolve_config(None, overrides, base)
     if config.out is None:
         config = apply_overrides(config, {"out": default_out(config)})
     return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tomllib
 from pathlib import Path
@@ -302,3 +303,52 @@ def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
     # a resumed run's batch is not among the keys given: only a method's hold is named
     resumed = TrainConfig(method="sync-sgd", workers=4, batch_size=32)
     assert batch_text(resumed, set()) == "batch 32 per worker"
+    # a resumed run keeps its batch, whoever chose it: no claim that the method held it (the
+    # user who gave 16 on 8 workers was told the method had)
+    resumed_held = TrainConfig(method="async-easgd", workers=8, batch_size=16, global_batch_max=128)
+    assert batch_text(dataclasses.replace(resumed_held, resume=True), set()) == (
+        "batch 16 per worker"
+    )
+
+
+def test_a_config_file_is_read_once_and_its_keys_count_as_given(tmp_path: Path) -> None:
+    from tether.cli import build_parser
+    from tether.train_options import config_from_args, given_values
+
+    file = tmp_path / "run.toml"
+    file.write_text('method = "async-easgd"\nworkers = 8\nbatch_size = 48\nlr = 0.2\n')
+    args = build_parser().parse_args(["train", "--config", str(file), "--lr", "0.1"])
+    given = given_values(args)
+    assert given == {"method": "async-easgd", "workers": 8, "batch_size": 48, "lr": 0.1}
+    file.unlink()  # resolving from the values given does not read the file again
+    config = config_from_args(args, lambda c: "out", given)
+    assert (config.batch_size, config.lr, config.out) == (48, 0.1, "out")
+
+
+def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> None:
+    from tether.launch.env import DistEnv
+    from tether.run import worker_config
+    from tether.train_options import add_train_options
+
+    def config(world: int, *options: str) -> TrainConfig:
+        parser = argparse.ArgumentParser()
+        add_train_options(parser)
+        env = DistEnv(
+            rank=0,
+            world_size=world,
+            local_rank=0,
+            local_world_size=world,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            run_id=None,
+        )
+        return worker_config(parser.parse_args(list(options)), env)
+
+    # 8 workers: 128 / 8 (it was held for the default 2 workers, 64, before the count was known)
+    easgd = config(8, "--method", "sync-easgd")
+    assert (easgd.workers, easgd.batch_size) == (8, 16)
+    # a parameter-server method: 9 processes are 8 workers and the server
+    server = config(9, "--method", "async-easgd")
+    assert (server.workers, server.batch_size) == (8, 16)
+    assert config(9, "--method", "async-easgd", "--batch-size", "64").batch_size == 64
+    assert config(4, "--method", "sync-sgd").batch_size == 64  # sync-sgd holds nothing
