@@ -44,7 +44,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         help="data set name or module:loader (gives the input shape and one batch)",
     )
     parser.add_argument("--data-dir", help="directory holding the data set's files")
-    parser.add_argument("--batch-size", type=int, default=64, help="per-worker batch (default 64)")
+    parser.add_argument("--batch-size", type=int, help="per-worker batch (default 64)")
     parser.add_argument("--threads-per-worker", type=int, default=1, help="threads (default 1)")
 
 
@@ -56,7 +56,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         model=args.model,
         dataset=args.dataset,
         data_dir=args.data_dir,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size if args.batch_size is not None else TrainConfig.batch_size,
         threads_per_worker=args.threads_per_worker,
     ).validate()  # a batch size or thread count no run could use: one line
     check_names(config)
@@ -173,6 +173,31 @@ def _method_tau(method: str, given: int | None) -> int:
     return int(method_defaults(method).get("tau", 1))
 
 
+def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str | None:
+    """A line for predictions at the default batch where ``tether train``'s defaults would run
+    another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
+    batch beyond 2 workers, and a prediction at 64 is then not the run the user would get."""
+    from tether.catalog import resolve_config
+
+    held = []
+    for method in methods:
+        batches = {}
+        for p in counts:
+            trained = resolve_config(None, {"method": method, "workers": p}).batch_size
+            if trained != batch:
+                batches[p] = trained
+        if batches:
+            where = ", ".join(f"{b} on {p}" for p, b in batches.items())
+            held.append(f"{method}: {where} workers")
+    if not held:
+        return None
+    return (
+        f"note: these predictions are at batch {batch} per worker; tether train's defaults "
+        f"would run {'; '.join(held)} (the method holds its global batch): --batch-size N "
+        "predicts another batch"
+    )
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from tether.api.perf import predict, predict_scaling
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
@@ -202,6 +227,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         f"{workload.parameters_bytes / 2**20:.2f} MiB of parameters, on profile {profile.name} "
         f"({source})"
     )
+    note = (
+        None
+        if args.batch_size is not None
+        else held_batches_note(methods, args.workers, config.batch_size)
+    )
+    if note is not None:
+        print(note)
     print(
         f"{'method':<16}{'workers':>8}{'iter ms':>10}{'compute':>10}{'update':>9}"
         f"{'exposed comm':>14}{'comm share':>12}{'samples/s':>12}"

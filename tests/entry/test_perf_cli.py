@@ -44,6 +44,17 @@ def test_predict_on_a_built_in_profile_with_the_scaling_curve(capsys, tmp_path: 
     assert curve[0]["efficiency"] == pytest.approx(1.0)
     _png(out / "breakdown.png")
     _png(out / "scaling.png")
+    # original-easgd holds its global batch at 128: on 8 workers tether train would run 16, and
+    # a prediction at 64 says so (sync-sgd holds nothing, and 1 worker keeps 64)
+    note = [line for line in printed.splitlines() if line.startswith("note:")]
+    assert note == [
+        "note: these predictions are at batch 64 per worker; tether train's defaults would run "
+        "original-easgd: 16 on 8 workers (the method holds its global batch): --batch-size N "
+        "predicts another batch"
+    ]
+    argv[argv.index("--out") + 1] = str(tmp_path / "q")
+    assert main([*argv, "--batch-size", "16"]) == 0
+    assert "note:" not in capsys.readouterr().out  # a batch the user gave is what they asked
 
 
 def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> None:
