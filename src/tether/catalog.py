@@ -127,15 +127,17 @@ def uses_import_paths(config: TrainConfig) -> bool:
     return any(is_import_path(name) for name in names)
 
 
-def check_data(config: TrainConfig) -> None:
+def check_data(config: TrainConfig) -> int | None:
     """A built-in data set's files are present and sound, and hold at least one global batch
-    (one line otherwise), before launch."""
+    (one line otherwise), before launch. Returns its training samples (None for the user's
+    own data set, which its probe checks)."""
     if is_import_path(config.dataset):
-        return
+        return None
     data_dir = Path(config.data_dir) if config.data_dir else None
     samples = check_dataset(config.dataset, data_dir)
     check_global_batch(config, samples)
     fill_dataset_cache(config.dataset, data_dir)
+    return samples
 
 
 def check_global_batch(config: TrainConfig, samples: int) -> None:

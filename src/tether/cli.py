@@ -40,7 +40,8 @@ def batch_text(config: TrainConfig, given: set[str]) -> str:
     default = TrainConfig.batch_size
     held = held_batch_size(dataclasses.replace(config, batch_size=default))
     if "batch_size" not in given and config.batch_size == held != default:
-        text += f" (the method holds its global batch at {config.global_batch_max}; --batch-size)"
+        holder = "you hold the" if "global_batch_max" in given else "the method holds its"
+        text += f" ({holder} global batch at {config.global_batch_max}; --batch-size)"
     return text
 
 

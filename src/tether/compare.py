@@ -70,8 +70,6 @@ def shared_settings(config: TrainConfig, target: float, target_is_default: bool)
         "batch_size": config.batch_size,
         "epochs": config.epochs,
         "steps": config.steps,
-        "lr": config.lr,
-        "momentum": config.momentum,
         "seed": config.seed,
         "backend": config.backend,
         "target_accuracy": target,
@@ -110,16 +108,21 @@ def run_comparison(
     that method's own tuned defaults); without it every method runs ``config``.
     Returns 0 if at least one method succeeded; raises WorkerFailure otherwise.
     """
-    from tether.catalog import check_data, check_launch
+    from tether.catalog import check_data, check_global_batch, check_launch
     from tether.methods import METHODS
     from tether.training.run_dir import prepare_run_dir
 
     assert config.out is not None
     out = Path(config.out)
-    # Missing or corrupt data, and an --out that holds something, fail here, in one line,
-    # before any run starts.
-    check_data(config)
-    check_launch(config)
+    # Each method's own config (its defaults may hold the batch, or add a server process), made
+    # once: missing or corrupt data, a global batch the data cannot fill, a launch this machine
+    # cannot make, and an --out that holds something fail here, in one line, before any run.
+    own = {m: config_for(m) if config_for is not None else config for m in methods}
+    samples = check_data(config)
+    for method, method_config in own.items():
+        if samples is not None:
+            check_global_batch(method_config, samples)
+        check_launch(apply_overrides(method_config, {"method": method}))
     prepare_run_dir(config, overwrite)
     target_is_default = config.target_accuracy is None
     target = DEFAULT_TARGET if config.target_accuracy is None else config.target_accuracy
@@ -135,17 +138,19 @@ def run_comparison(
             file=sys.stderr,
             flush=True,
         )
-        base = config_for(method) if config_for is not None else config
-        base = apply_overrides(base, {"target_accuracy": target})
+        base = apply_overrides(own[method], {"target_accuracy": target})
         row = run_one(base, method, out / method, target)
         if row["status"] != "ok":
             print(f"tether: {method} failed: {row['error']}", file=sys.stderr, flush=True)
         rows.append(row)
 
     settings = shared_settings(config, target, target_is_default)
-    ran = {(row.get("settings") or {}).get("batch_size") for row in rows} - {None}
-    if ran:  # what the runs used: a method may hold its global batch (its row says)
-        settings["batch_size"] = ran.pop() if len(ran) == 1 else None
+    # A method may hold its global batch: a batch is shared only when every method had it (what
+    # a run recorded, else what its config gave it)
+    batches = {
+        (row.get("settings") or {}).get("batch_size", own[row["method"]].batch_size) for row in rows
+    }
+    settings["batch_size"] = batches.pop() if len(batches) == 1 else None
     png = plot_comparison(
         rows,
         out / "compare.png",

@@ -58,8 +58,9 @@ class TrainConfig:
     steps: int | None = None
     batch_size: int = 64  # per worker; the global batch is batch_size * workers
     # When set and batch_size is not given, the per-worker batch shrinks as workers are added
-    # so that the global batch stays at most this many samples: global_batch_max // P, not
-    # below 16 (config_sources.held_batch_size). 0: off. Set by the defaults of the methods
+    # so that batch_size x P stays at most this many samples: global_batch_max // P, not
+    # below 16 (config_sources.held_batch_size); accumulate multiplies what one optimizer step
+    # takes (a user's choice, not held). 0: off. Set by the defaults of the methods
     # whose workers step on their own batch (tether.methods.default_rates.own_batch_rate).
     global_batch_max: int = 0
     lr: float = 0.05

@@ -91,7 +91,9 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise TetherError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-# a method's defaults that belong to its own rate, dropped when the user gives one
+# a method's defaults that belong to its own rate, dropped when the user gives one (the held
+# global batch too: a rate given for a worker's batch of 64 is not run at 16, where the
+# method's own rate had to shrink to stay stable)
 OWN_RATE_KEYS = (
     "lr_base_batch",
     "lr_scaling",
@@ -99,6 +101,7 @@ OWN_RATE_KEYS = (
     "warmup_epochs",
     "clip_grad_norm",
     "async_base_workers",
+    "global_batch_max",
 )
 
 
@@ -126,9 +129,10 @@ def resolve_config(
     rate for plain-SGD local steps, scaled with the batch); they apply only to keys that the
     file and the overrides leave unset, and only when starting from the defaults (a resumed
     run's config has them). A rate or a base batch the user gives drops the method's scaling,
-    warm-up, clipping and damping (a momentum the user gives, the damping): ``--lr 0.05`` means
-    0.05 from the first step, on the gradient as it is. Unless the batch size is given, a
-    ``global_batch_max`` shrinks the per-worker batch with the workers (:func:`held_batch_size`)."""
+    warm-up, clipping, damping and held batch (a momentum the user gives, the damping): ``--lr
+    0.05`` means 0.05 from the first step, on the gradient as it is, at a batch of 64 per
+    worker. Unless the batch size is given, a ``global_batch_max`` shrinks the per-worker batch
+    with the workers (:func:`held_batch_size`)."""
     given = dict(load_toml(file)) if file is not None else {}
     given.update(overrides or {})
     config = base or TrainConfig()

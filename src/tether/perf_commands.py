@@ -176,18 +176,26 @@ def _method_tau(method: str, given: int | None) -> int:
 def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str | None:
     """A line for predictions at the default batch where ``tether train``'s defaults would run
     another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
-    batch beyond 2 workers, and a prediction at 64 is then not the run the user would get."""
+    batch beyond 2 workers, and a prediction at 64 is then not the run the user would get.
+    Consecutive counts with one batch are a range (a weak-scaling curve: 16 on 8 to 4096)."""
     from tether.catalog import resolve_config
 
     held = []
     for method in methods:
-        batches = {}
-        for p in counts:
+        spans: list[tuple[int, int, int]] = []  # (first count, last count, batch)
+        for p in sorted(set(counts)):
             trained = resolve_config(None, {"method": method, "workers": p}).batch_size
-            if trained != batch:
-                batches[p] = trained
-        if batches:
-            where = ", ".join(f"{b} on {p}" for p, b in batches.items())
+            if trained == batch:
+                continue
+            if spans and spans[-1][2] == trained:
+                spans[-1] = (spans[-1][0], p, trained)
+            else:
+                spans.append((p, p, trained))
+        if spans:
+            where = ", ".join(
+                f"{b} on {first}" if first == last else f"{b} on {first} to {last}"
+                for first, last, b in spans
+            )
             held.append(f"{method}: {where} workers")
     if not held:
         return None
@@ -227,10 +235,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
         f"{workload.parameters_bytes / 2**20:.2f} MiB of parameters, on profile {profile.name} "
         f"({source})"
     )
+    curve_counts = [
+        1 << k for k in range(args.max_workers.bit_length()) if 1 << k <= args.max_workers
+    ]
+    # a weak-scaling curve keeps the per-worker batch: its counts are runs at that batch too
+    weak_counts = curve_counts if args.scaling == "weak" else []
     note = (
         None
         if args.batch_size is not None
-        else held_batches_note(methods, args.workers, config.batch_size)
+        else held_batches_note(methods, [*args.workers, *weak_counts], config.batch_size)
     )
     if note is not None:
         print(note)
@@ -268,16 +281,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plot_breakdown(rows, out / "breakdown.png", title=f"{workload.model} on {profile.name}")
     if args.scaling:
-        counts = [
-            1 << k for k in range(args.max_workers.bit_length()) if 1 << k <= args.max_workers
-        ]
         curves = {}
         for method in methods:
             curves[method] = predict_scaling(
                 workload,
                 method,
                 profile,
-                counts,
+                curve_counts,
                 strong=args.scaling == "strong",
                 tau=_method_tau(method, args.tau),
                 **settings,

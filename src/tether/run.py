@@ -18,30 +18,20 @@ from tether.cli import OneLineParser
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
-from tether.methods import METHODS
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
-from tether.train_options import add_train_options, config_from_args, given_values
+from tether.train_options import add_train_options, config_from_args
 
 # What torchrun (and srun running it) sets for every worker; the process group needs them all.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def worker_config(args: argparse.Namespace, env: DistEnv) -> TrainConfig:
-    """The run's config with the launcher's worker count (its world size less the method's
-    servers) in place before the config is resolved: what follows from the count, such as the
-    batch a method holds at ``global_batch_max // P``, is then the count's."""
-    given = given_values(args)
-
-    def out(config: TrainConfig) -> str:
-        return f"runs/{config.method}-{env.run_id or 'torchrun'}"
-
-    config = config_from_args(args, out, {**given, "workers": env.world_size})
-    servers = METHODS.get(config.method).server_processes
-    if servers:  # resolved again: the method (from the options or a resumed run) was unknown
-        config = config_from_args(args, out, {**given, "workers": env.world_size - servers})
-    return config
+    """The run's config, its workers the launcher's world size less the method's servers."""
+    return config_from_args(
+        args, lambda c: f"runs/{c.method}-{env.run_id or 'torchrun'}", world_size=env.world_size
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,10 +187,15 @@ def config_from_args(
     args: argparse.Namespace,
     default_out: Callable[[TrainConfig], str],
     given: dict[str, Any] | None = None,
+    world_size: int | None = None,
 ) -> TrainConfig:
     """Defaults <- resumed run's config <- --config file <- --set <- explicit options
-    (``given``: :func:`given_values`, read here when not passed)."""
+    (``given``: :func:`given_values`, read here when not passed). ``world_size``: the
+    launcher's processes (``python -m tether.run``); the workers are what the method's servers
+    leave of them, set before the config is resolved, so that what follows from the count (a
+    method's held batch) is the count's."""
     from tether.catalog import resolve_config
+    from tether.methods import METHODS
 
     overrides = dict(given_values(args) if given is None else given)
     base = None
@@ -207,6 +212,9 @@ def config_from_args(
                     f"--{key} {asked} would be another run: drop --{key}, or start a new run"
                 )
         overrides.update(out=str(args.resume), resume=True)
+    if world_size is not None:
+        method = overrides.get("method", (base or TrainConfig()).method)
+        overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
     config = resolve_config(None, overrides, base)
     if config.out is None:
         config = apply_overrides(config, {"out": default_out(config)})

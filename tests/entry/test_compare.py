@@ -55,6 +55,20 @@ def test_unknown_method_names_fail_before_anything_runs(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_each_methods_own_batch_is_checked_before_anything_runs(tmp_path: Path) -> None:
+    # The comparison's own config is the default method's (sync-easgd holds 24 workers at 16
+    # each: 384 samples); sync-sgd's 24 x 64 = 1536 is more than digits' 1500 training samples.
+    # That used to surface as a failed row after its workers started, and compare.md named
+    # sync-easgd's batch.
+    out = tmp_path / "cmp"
+    args = ("--methods", "sync-sgd,local-sgd", "--dataset", "digits", "--workers", "24")
+    result = run_cli("compare", *args, "--out", str(out), timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "1536" in lines[0] and "1500" in lines[0], lines
+    assert not out.exists()
+
+
 def test_a_failed_method_does_not_stop_the_comparison(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

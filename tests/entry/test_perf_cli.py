@@ -45,12 +45,13 @@ def test_predict_on_a_built_in_profile_with_the_scaling_curve(capsys, tmp_path: 
     _png(out / "breakdown.png")
     _png(out / "scaling.png")
     # original-easgd holds its global batch at 128: on 8 workers tether train would run 16, and
-    # a prediction at 64 says so (sync-sgd holds nothing, and 1 worker keeps 64)
+    # a prediction at 64 says so, for the weak-scaling curve's counts too (sync-sgd holds
+    # nothing, and 1 and 2 workers keep 64)
     note = [line for line in printed.splitlines() if line.startswith("note:")]
     assert note == [
         "note: these predictions are at batch 64 per worker; tether train's defaults would run "
-        "original-easgd: 16 on 8 workers (the method holds its global batch): --batch-size N "
-        "predicts another batch"
+        "original-easgd: 32 on 4, 16 on 8 to 64 workers (the method holds its global batch): "
+        "--batch-size N predicts another batch"
     ]
     argv[argv.index("--out") + 1] = str(tmp_path / "q")
     assert main([*argv, "--batch-size", "16"]) == 0

@@ -214,7 +214,17 @@ def test_own_batch_methods_hold_the_global_batch_beyond_two_workers() -> None:
         larger = catalog_resolve(None, {"method": method, "workers": 2, "batch_size": 256})
         assert larger.scaled_lr == pytest.approx(base), method  # capped at the reference rate
     text = describe_rate(method_defaults("sync-easgd"))
-    assert text.endswith("; batch 128 / P per worker beyond 2 workers"), text
+    assert text.endswith(
+        "; batch 128 / P per worker beyond 2 workers (at least 16; a rate you give runs at 64)"
+    ), text
+    # A rate the user gives is for the batch of 64 they know: not run at 16 (sync-easgd's own
+    # 0.4 diverged there), unless they hold the batch themselves
+    given_rate = catalog_resolve(None, {"method": "sync-easgd", "workers": 8, "lr": 0.4})
+    assert (given_rate.batch_size, given_rate.scaled_lr) == (64, 0.4)
+    rule = catalog_resolve(None, {"method": "async-sgd", "workers": 8, "lr_base_batch": 64})
+    assert rule.batch_size == 64
+    asked = {"method": "sync-easgd", "workers": 8, "lr": 0.2, "global_batch_max": 128}
+    assert catalog_resolve(None, asked).batch_size == 16
     for method in ("sync-sgd", "local-sgd", "two-level-easgd"):  # all workers' batch: 64 each
         assert catalog_resolve(None, {"method": method, "workers": 16}).batch_size == 64
     held = catalog_resolve(None, {"method": "sync-sgd", "workers": 8, "global_batch_max": 128})
@@ -289,6 +299,24 @@ def test_fit_holds_the_batch_unless_given_and_init_leaves_it_to_the_loop() -> No
     assert init_configs("sync-easgd", 8, {"batch_size": 16})[0].batch_size == 16
 
 
+def test_fit_resume_keeps_the_runs_batch_on_another_worker_count(tmp_path: Path) -> None:
+    """An EASGD run may resume on other workers: its batch (held at 16 on 8) stays, as under
+    `tether train --resume`, instead of being held again for 4 (32, and another rate)."""
+    from tether.api.fit import _config
+
+    run = TrainConfig(method="async-easgd", workers=8, batch_size=16, global_batch_max=128)
+    (tmp_path / "config.toml").write_text(run.to_toml())
+    data = torch.utils.data.TensorDataset(torch.zeros(200, 4), torch.zeros(200, dtype=torch.long))
+    net = torch.nn.Linear(4, 2)
+
+    def resumed(batch_size: int | None) -> TrainConfig:
+        args = ("async-easgd", 4, 1, batch_size, str(tmp_path), None, None, True, {})
+        return _config(net, data, None, None, None, None, *args)[0]
+
+    assert resumed(None).batch_size == 16
+    assert resumed(64).batch_size == 64  # a batch given is what it says
+
+
 def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
     from tether.cli import batch_text
 
@@ -298,6 +326,10 @@ def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
     )
     given = catalog_resolve(None, {"method": "async-easgd", "workers": 8, "batch_size": 16})
     assert batch_text(given, {"batch_size"}) == "batch 16 per worker"
+    mine = catalog_resolve(None, {"method": "sync-sgd", "workers": 8, "global_batch_max": 256})
+    assert batch_text(mine, {"global_batch_max"}) == (
+        "batch 32 per worker (you hold the global batch at 256; --batch-size)"
+    )
     plain = catalog_resolve(None, {"method": "sync-sgd", "workers": 8})
     assert batch_text(plain, set()) == "batch 64 per worker"
     # a resumed run's batch is not among the keys given: only a method's hold is named
@@ -352,3 +384,7 @@ def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> Non
     assert (server.workers, server.batch_size) == (8, 16)
     assert config(9, "--method", "async-easgd", "--batch-size", "64").batch_size == 64
     assert config(4, "--method", "sync-sgd").batch_size == 64  # sync-sgd holds nothing
+    # the server is not a worker, not even while the config is being checked: 8 workers make
+    # 2 nodes of 4 (9 would be refused)
+    nodes = config(9, "--method", "async-sgd", "--ranks-per-node", "4")
+    assert (nodes.workers, nodes.ranks_per_node) == (8, 4)

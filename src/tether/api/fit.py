@@ -41,7 +41,7 @@ from tether.catalog import (
     warn_ignored,
 )
 from tether.config import TrainConfig
-from tether.config_sources import resolve_config
+from tether.config_sources import load_toml, resolve_config
 from tether.errors import TetherError
 from tether.runner import launch_training
 from tether.targets import target_text
@@ -218,6 +218,11 @@ def _config(
         if out is None:
             raise TetherError("resume=True needs out=DIR, the run to continue")
         values["resume"] = True
+        saved = Path(out) / "config.toml"
+        if batch_size is None and saved.is_file():
+            # the run's batch, as `tether train --resume` keeps it: a method's held batch is
+            # not worked out again for another worker count, with its rate, mid-run
+            values["batch_size"] = load_toml(saved).get("batch_size", TrainConfig.batch_size)
     values.setdefault("progress", False)  # a library call: no progress bar unless asked
     config = resolve_config(None, values, method_defaults=method_defaults)
     supplied = {

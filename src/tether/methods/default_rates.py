@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tether.config import TrainConfig
+from tether.config_sources import HELD_BATCH_MIN
 
 GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
 GLOBAL_SCALE_MAX = 2.0  # the linear rule up to 2 x 256 samples: measured stable there when clipped
@@ -124,7 +125,10 @@ def describe_rate(defaults: Mapping[str, Any]) -> str:
         rate += f"; beyond {workers} workers P the step is damped by {workers} / P"
     held = defaults.get("global_batch_max")
     if held:
-        rate += f"; batch {held} / P per worker beyond {held // TrainConfig.batch_size} workers"
+        rate += (
+            f"; batch {held} / P per worker beyond {held // TrainConfig.batch_size} workers "
+            f"(at least {HELD_BATCH_MIN}; a rate you give runs at {TrainConfig.batch_size})"
+        )
     others = [
         f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
         for key, value in defaults.items()
