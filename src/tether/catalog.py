@@ -199,13 +199,39 @@ _MOMENTUM_HINT = {
 }
 
 
-def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
-    """One message per setting in ``given`` (keys the user set) that the run will not use."""
+# what a user's own optimizer or schedule (an object, or an import path) sets for itself
+OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta")
+OWN_SCHEDULE_KEYS = (
+    "warmup_steps",
+    "warmup_epochs",
+    "lr_decay_every",
+    "lr_decay",
+    "lr_decay_power",
+)
+
+
+def ignored_settings(
+    config: TrainConfig, given: Iterable[str], supplied: Iterable[str] = ()
+) -> list[str]:
+    """One message per setting in ``given`` (keys the user set) that the run will not use.
+    ``supplied``: the components that are the user's own objects (``optimizer``,
+    ``lr_schedule``), which take none of the settings of the named ones."""
     method = METHODS.get(config.method)
     messages = []
     optimizer_named = config.optimizer != "auto"
+    own = {
+        key
+        for key in ("optimizer", "lr_schedule")
+        if key in supplied or is_import_path(getattr(config, key))
+    }
     for key in sorted(set(given)):
-        if key == "momentum":
+        if key in OWN_OPTIMIZER_KEYS and "optimizer" in own:
+            messages.append(f"{key} has no effect: your own optimizer sets its own")
+        elif key in OWN_SCHEDULE_KEYS and "lr_schedule" in own:
+            messages.append(
+                f"{key} has no effect: your own schedule (lr_schedule) is the whole one"
+            )
+        elif key == "momentum":
             if not uses_momentum(config):
                 why = (
                     f"the {config.optimizer} optimizer has no momentum setting"
@@ -235,8 +261,10 @@ def ignored_settings(config: TrainConfig, given: Iterable[str]) -> list[str]:
     return messages
 
 
-def warn_ignored(config: TrainConfig, given: Iterable[str], stacklevel: int = 2) -> None:
-    for message in ignored_settings(config, given):
+def warn_ignored(
+    config: TrainConfig, given: Iterable[str], stacklevel: int = 2, supplied: Iterable[str] = ()
+) -> None:
+    for message in ignored_settings(config, given, supplied):
         warnings.warn(message, IgnoredSettingWarning, stacklevel=stacklevel + 1)
 
 

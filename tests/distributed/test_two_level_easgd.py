@@ -6,14 +6,16 @@ nodes a launcher reports (its local world size) give the very same run as ranks_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from tests.method_drive import cross_entropy_step, loss_and_gradient
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data import GlobalBatchSampler
-from tether.methods import METHODS, MethodContext, Placement
+from tether.methods import METHODS, MethodContext, Placement, StepTimes
 from tether.methods.flat import flatten_parameters
 from tether.models import build_model
 
@@ -56,6 +58,28 @@ def _drive(
     return {"replica": replica, "evaluated": evaluated, **m.summary_extra()}  # numpy, back home
 
 
+def _fp16_overflow_on_rank_1(rank: int) -> dict:
+    """2 nodes of 2, fp16, an inf in rank 1's loss at step 2: what each rank's scaler did."""
+    config = TrainConfig(lr=LR, tau=TAU, weight_decay=0.0, precision="fp16", ranks_per_node=2)
+    model = _model()
+    context = MethodContext(config, TorchTransport(), torch.device("cpu"), Placement())
+    m = METHODS.get("two-level-easgd")(model, context, torch.optim.SGD(model.parameters(), lr=LR))
+    m.start()
+    for step in range(STEPS):
+        x, y = _batch(step, rank)
+
+        def backward(x: torch.Tensor = x, y: torch.Tensor = y, bad: bool = step == 2) -> Any:
+            with m.precision.autocast(torch.device("cpu")):
+                loss = F.cross_entropy(m.model(x), y)
+            m.backward_loss(loss * float("inf") if bad and rank == 1 else loss)
+            return loss.detach()
+
+        m.zero_grad()
+        m.step(backward, StepTimes())
+    m.finish(None)
+    return {"skipped": m.scaler.skipped, "rounds": m.rounds}
+
+
 def on_every_rank(rank: int, world: int) -> dict:
     """This module's part of the 4-rank group (tests/distributed/conftest.py)."""
     del world
@@ -73,6 +97,7 @@ def on_every_rank(rank: int, world: int) -> dict:
         "2x2-ring": _drive(
             rank, "two-level-easgd", momentum=False, ranks_per_node=2, allreduce="ring"
         ),
+        "2x2-fp16": _fp16_overflow_on_rank_1(rank),
     }
 
 
@@ -131,6 +156,10 @@ def test_two_level_reduces_to_sync_sgd_and_sync_easgd_and_follows_its_rule(
         assert _close(two["replica"], xs[rank // 2]), rank
         assert _close(two["evaluated"], center), rank
         assert _close(res["2x2-ring"]["evaluated"], center), rank
+    # fp16: rank 1's overflow makes its node skip the step (the node's gradient sum carries
+    # it), not the other node (no flag crosses the nodes every step); the rounds go on alike
+    assert [int(r["2x2-fp16"]["skipped"]) for r in results] == [1, 1, 0, 0]
+    assert {int(r["2x2-fp16"]["rounds"]) for r in results} == {STEPS // TAU}
     assert torch.equal(results[0]["2x2"]["replica"], results[1]["2x2"]["replica"])
     assert torch.equal(results[2]["2x2"]["replica"], results[3]["2x2"]["replica"])
     assert not torch.equal(results[0]["2x2"]["replica"], results[2]["2x2"]["replica"])

@@ -112,6 +112,21 @@ def test_settings_a_method_ignores_are_named() -> None:
     (stale,) = ignored_settings(TrainConfig(method="sync-sgd"), {"staleness_bound"})
     assert "async-sgd" in stale
     assert ignored_settings(TrainConfig(method="async-msgd"), {"momentum", "staleness_bound"}) == []
+    # LARS keeps a momentum: no warning that it has none
+    assert ignored_settings(TrainConfig(method="sync-sgd", optimizer="lars"), {"momentum"}) == []
+    # the user's own optimizer and schedule take none of the named ones' settings
+    own = {"lr", "momentum", "warmup_steps", "lr_decay_power"}
+    messages = ignored_settings(TrainConfig(method="sync-sgd"), own, ["optimizer", "lr_schedule"])
+    assert messages == [
+        "lr has no effect: your own optimizer sets its own",
+        "lr_decay_power has no effect: your own schedule (lr_schedule) is the whole one",
+        "momentum has no effect: your own optimizer sets its own",
+        "warmup_steps has no effect: your own schedule (lr_schedule) is the whole one",
+    ]
+    path = TrainConfig(method="sync-sgd", lr_schedule="mypkg.sched:build")
+    assert ignored_settings(path, {"warmup_epochs"}) == [
+        "warmup_epochs has no effect: your own schedule (lr_schedule) is the whole one"
+    ]
 
 
 def test_config_file_errors_name_the_file(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from tether.optim import (
     linear_scaling,
     needs_closure,
 )
+from tether.optim.schedules import load_schedule_state
 
 A = torch.tensor([[3.0, 0.5], [0.5, 1.0]])
 
@@ -102,6 +103,27 @@ def test_a_named_schedule_gets_the_run_length() -> None:
     assert NamedSchedule("constant", ScheduleSettings())(opt, total_steps=4) is None
 
 
+def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_runs_length() -> None:
+    def cosine(total: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = NamedSchedule("cosine", ScheduleSettings(warmup_steps=0))(opt, total_steps=total)
+        assert sched is not None
+        return opt, sched
+
+    opt, sched = cosine(100)
+    for _ in range(50):
+        opt.step()
+        sched.step()
+    saved = sched.state_dict()
+    longer, resumed = cosine(200)  # the run resumed with twice the epochs
+    load_schedule_state(resumed, saved)
+    assert resumed.last_epoch == 50
+    for _ in range(100):  # to step 150 of 200: the old length would have ended the rate at 0
+        longer.step()
+        resumed.step()
+    assert longer.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.75)))
+
+
 def _net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
@@ -142,6 +164,16 @@ def test_lars_scales_each_layer_by_its_trust_ratio_and_spares_biases() -> None:
     v.grad = torch.tensor([[0.006, 0.008]])  # a tiny gradient: the ratio would exceed 1/lr
     LARS([v], lr=lr, momentum=0.0, eta=eta, eps=0.0, clip=True).step()
     assert torch.allclose(v.detach(), torch.tensor([[3.0, 4.0]]) - lr * v.grad)
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_lars_gives_a_zero_initialised_layer_the_plain_step(clip: bool) -> None:
+    # ||w|| = 0: the ratio is 1, not eta (a step 1000 times too small) nor the clip's
+    # min(eta / lr, 1); as apex's LARC
+    w = torch.nn.Parameter(torch.zeros(1, 2))
+    w.grad = torch.tensor([[0.6, 0.8]])
+    LARS([w], lr=0.1, momentum=0.0, weight_decay=0.01, clip=clip).step()
+    assert torch.allclose(w.detach(), -0.1 * torch.tensor([[0.6, 0.8]]))
 
 
 def test_lamb_with_the_ratio_forced_to_one_is_adamw() -> None:

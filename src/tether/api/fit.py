@@ -123,7 +123,12 @@ def fit(
         model, train_data, loss, optimizer, scheduler, metrics, method, workers, epochs,
         batch_size, out, target, log, resume, options,
     )  # fmt: skip
-    warn_ignored(config, given, stacklevel=2)
+    own = [
+        key
+        for key, part in (("optimizer", optimizer), ("lr_schedule", scheduler))
+        if callable(part)
+    ]
+    warn_ignored(config, given, stacklevel=2, supplied=own)
     task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
     model = unseeded_model(task)  # built once, for every check below

@@ -74,7 +74,8 @@ def init(method: str | None = None, **options: Any) -> Context:
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)
     if env.rank == 0:
-        warn_ignored(config, set(options), stacklevel=2)
+        # the schedule is always the loop's own (ctx.wrap's scheduler): none is built here
+        warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
     backend, device = place(config.backend, env)

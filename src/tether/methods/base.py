@@ -38,7 +38,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
-from tether.optim.schedules import check_schedule
+from tether.optim.schedules import check_schedule, load_schedule_state
 from tether.parallel.grid import ProcessGrid
 from tether.parallel.norms import clip_grad_norm_ as clip_sharded_grad_norm_
 from tether.parallel.norms import reduce_trust_norms, shared_over
@@ -373,6 +373,6 @@ class TrainingMethod(ABC):
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
+            load_schedule_state(self.scheduler, state["scheduler"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

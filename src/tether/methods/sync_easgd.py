@@ -80,7 +80,7 @@ class SyncEASGD(TrainingMethod):
                 times.waited(*self._complete_round())
         return loss
 
-    def overflow_sharing(self) -> Callable[[torch.Tensor], None]:
+    def overflow_sharing(self) -> Callable[[torch.Tensor], None] | None:
         """fp16: the workers reduce no gradients, so their overflow flags are all-reduced with
         MAX every step and all of them skip the same step (their rounds stay in lockstep)."""
         return lambda flag: self.transport.all_reduce(flag, op="max")

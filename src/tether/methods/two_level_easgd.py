@@ -32,6 +32,7 @@ sync-easgd. Both hold bitwise (tests/distributed/test_two_level_easgd.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -123,6 +124,13 @@ class TwoLevelEASGD(BucketedGradients, SyncEASGD):
             ranks_per_node,
             cache_dir=self.context.placement.cache_dir,
         )
+
+    def overflow_sharing(self) -> Callable[[torch.Tensor], None] | None:
+        """fp16: inside a node the gradient sum carries one rank's overflow to the others, so the
+        node skips together, as sync-sgd's ranks do; across nodes each node decides alone, as an
+        EASGD worker does (a skipped step still counts, so the rounds stay in lockstep), and no
+        flag crosses the nodes every step. Nodes of one rank: sync-easgd's world-wide flag."""
+        return None if self.node is not None else super().overflow_sharing()
 
     # -- the elastic level ----------------------------------------------------------------------
     def elastic_workers(self) -> int:

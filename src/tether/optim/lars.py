@@ -14,7 +14,8 @@ This is the paper's form (the ratio applied to the update, then momentum), writt
 learning rate outside the momentum buffer as ``torch.optim.SGD`` does, so that with the trust
 ratio forced to 1 (``trust_ratio=False``) it is exactly momentum SGD, operation for operation.
 ``clip=True`` is apex's LARC "clip" mode instead: the local rate never exceeds the global one,
-``trust <- min(trust / lr, 1)``.
+``trust <- min(trust / lr, 1)``. A layer whose weight or gradient norm is 0 (zero-initialised)
+takes ``trust = 1``, the plain step, in both modes, as LARC does.
 
 Parameters excluded by ``exclude`` (default: biases and normalisation parameters, tensors of at
 most one dimension; see :mod:`tether.optim.trust`) take plain momentum SGD with neither the trust
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from tether.optim.trust import ExcludeRule, TrustRatio, is_bias_or_norm, safe_ratio
+from tether.optim.trust import ExcludeRule, TrustRatio, is_bias_or_norm
 
 
 class LARS(TrustRatio, torch.optim.Optimizer):
@@ -69,10 +70,13 @@ class LARS(TrustRatio, torch.optim.Optimizer):
         """The layer's trust ratio (a 0-d tensor): how much of the global rate it takes."""
         weight_norm, grad_norm = self.norms(p, g)
         wd, lr = group["weight_decay"], group["lr"]
-        ratio = group["eta"] * safe_ratio(weight_norm, grad_norm + wd * weight_norm + group["eps"])
+        ratio = group["eta"] * weight_norm / (grad_norm + wd * weight_norm + group["eps"])
         if group["clip"]:
             ratio = torch.clamp(ratio / lr, max=1.0)
-        return ratio
+        # A layer with a zero norm (zero-initialised, or no gradient) takes the plain step,
+        # ratio 1 (as apex's LARC): eta and the clip belong to the ratio, and eta alone would
+        # shrink its step a thousandfold
+        return torch.where((weight_norm > 0) & (grad_norm > 0), ratio, torch.ones_like(ratio))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -103,6 +103,23 @@ class WarmupFactor:
         return SCHEDULES.get(self.name)(settings, step - self.warmup_steps)
 
 
+def load_schedule_state(
+    scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]
+) -> None:
+    """Restore a checkpointed schedule's position (its step, the base rates) but not the shape
+    of a named one (length, warm-up): that is this run's, which a resume may have changed (more
+    epochs, other steps per epoch on another worker count); restored, it would end the rate at
+    0 at the old length. A schedule of the user's own is restored whole."""
+    saved = dict(state)
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is not None and "lr_lambdas" in saved:
+        saved["lr_lambdas"] = [
+            None if isinstance(fn, WarmupFactor) else fn_state
+            for fn, fn_state in zip(lambdas, saved["lr_lambdas"], strict=True)
+        ]
+    scheduler.load_state_dict(saved)
+
+
 def build_schedule(
     name: str, optimizer: torch.optim.Optimizer, settings: ScheduleSettings
 ) -> torch.optim.lr_scheduler.LRScheduler | None:

@@ -62,10 +62,10 @@ def build_method(
 
 
 def uses_momentum(config: TrainConfig) -> bool:
-    """Whether the run's local step has a momentum: a named SGD optimizer, or the method's own
-    step when it declares the setting."""
+    """Whether the run's local step has a momentum: a named SGD or LARS optimizer, or the
+    method's own step when it declares the setting."""
     if config.optimizer != "auto":
-        return config.optimizer == "sgd"
+        return config.optimizer in ("sgd", "lars")
     return "momentum" in METHODS.get(config.method).settings
 
 
