@@ -165,14 +165,6 @@ def _workload_for(config: TrainConfig, profile_path: str):
     return workload
 
 
-def _method_tau(method: str, given: int | None) -> int:
-    from tether.catalog import method_defaults
-
-    if given is not None:
-        return given
-    return int(method_defaults(method).get("tau", 1))
-
-
 def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str | None:
     """A line for predictions at the default batch where ``tether train``'s defaults would run
     another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
@@ -207,7 +199,7 @@ def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str 
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from tether.api.perf import predict, predict_scaling
+    from tether.api.perf import method_tau, predict, predict_scaling
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
     from tether.perf.predict import PREDICTED_METHODS
     from tether.perf.profile import load_profile
@@ -218,6 +210,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise TetherError(
                 f"no prediction for method '{method}': one of {', '.join(PREDICTED_METHODS)}"
             )
+    if args.scaling and args.max_workers < 1:
+        raise TetherError(f"--max-workers must be >= 1, got {args.max_workers}")
     config = _config(args)
     profile = load_profile(args.profile)
     workload = _workload_for(config, args.profile)
@@ -253,7 +247,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     rows, report = [], []
     for method in methods:
-        tau = _method_tau(method, args.tau)
+        tau = method_tau(method, args.tau)
         for p in args.workers:
             pred = predict(workload, method, p, profile, tau=tau, **settings)
             d = pred.to_dict()
@@ -289,7 +283,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 profile,
                 curve_counts,
                 strong=args.scaling == "strong",
-                tau=_method_tau(method, args.tau),
+                tau=method_tau(method, args.tau),
                 **settings,
             )
         result["scaling"] = {"kind": args.scaling, "curves": curves}
@@ -304,6 +298,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 f"{args.scaling} scaling, {method}: {last['workers']} workers at "
                 f"{last['efficiency']:.1%} efficiency ({last['samples_per_s']:.0f} samples/s)"
             )
+        if args.scaling == "strong" and curve_counts[-1] > last["workers"]:
+            print(
+                f"strong scaling ends at {last['workers']} workers: the global batch of "
+                f"{workload.batch_size * curve_counts[0]} has no more samples to share "
+                "(--batch-size for a larger one)"
+            )
     from tether.observe.files import atomic_write_json
 
     atomic_write_json(out / "predict.json", result)
@@ -312,7 +312,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from tether.api.perf import simulate
+    from tether.api.perf import method_tau, simulate
     from tether.observe.files import atomic_write_json
     from tether.observe.perf_plots import plot_staleness
 
@@ -328,7 +328,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         straggler_slowdown=args.straggler_slowdown,
         message_s=args.message_ms / 1e3,
         service_s=args.service_ms / 1e3,
-        tau=_method_tau(args.method, args.tau),
+        tau=method_tau(args.method, args.tau),
         seed=args.seed,
     )
     data = result.to_dict()

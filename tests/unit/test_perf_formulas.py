@@ -178,7 +178,8 @@ def test_bucket_comm_follows_the_fusion_layout() -> None:
 
 def test_built_in_profiles_load_and_every_number_has_a_source() -> None:
     names = built_in_profiles()
-    for expected in ("vm-2cores", "10gbe-cluster", "ib56-cluster", "k80-8gpu-pcie", "p40-cluster"):
+    for expected in ("vm-2cores", "10gbe-cluster", "10gbe-cpu-cluster", "ib56-cluster",
+                     "k80-8gpu-pcie", "p40-cluster"):  # fmt: skip
         assert expected in names
     for name in names:
         profile = load_profile(name)
@@ -186,10 +187,15 @@ def test_built_in_profiles_load_and_every_number_has_a_source() -> None:
         assert profile_from_dict(data) == profile  # the JSON form round-trips
         for sourced in (profile.gamma, profile.flops, profile.intra.alpha, profile.inter.beta):
             assert sourced.source.strip()
-    ten = load_profile("10gbe-cluster")
-    assert (ten.inter.alpha.value, ten.inter.beta.value) == (9.08e-4, 7.40e-10)
-    ib = load_profile("ib56-cluster")
-    assert (ib.inter.alpha.value, ib.inter.beta.value) == (2.36e-4, 4.06e-10)
+    # MG-WFBP's fits are of a whole all-reduce on 16 workers, T(n) = a + b n: the ring over 16
+    # workers on the profiles' links gives them back (charged per link, they cost 2-30x more)
+    fits = {"10gbe-cluster": (9.08e-4, 7.40e-10), "10gbe-cpu-cluster": (9.08e-4, 7.40e-10),
+            "ib56-cluster": (2.36e-4, 4.06e-10)}  # fmt: skip
+    for name, (a, b) in fits.items():
+        inter = load_profile(name).inter
+        for n in (4096, 1e8):
+            ring = 2 * 15 * inter.alpha.value + 2 * 15 / 16 * n * inter.beta.value
+            assert ring == pytest.approx(a + b * n, rel=1e-5), (name, n)
 
 
 def test_a_profile_missing_a_field_is_a_one_line_error(tmp_path) -> None:

@@ -147,7 +147,13 @@ def test_scaling_curves() -> None:
     assert all(b <= a + 1e-12 for a, b in itertools.pairwise(effs))
     strong = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, counts, strong=True)
     assert [r["batch_size"] for r in strong][:3] == [32, 16, 8]
-    assert strong[-1]["efficiency"] < weak[-1]["efficiency"]  # less compute to hide behind
+    # the global batch of 32 has a sample for each of 32 workers, no more: the curve ends there
+    assert [r["workers"] for r in strong] == [1, 2, 4, 8, 16, 32] and strong[-1]["batch_size"] == 1
+    assert strong[-1]["efficiency"] < weak[5]["efficiency"]  # less compute to hide behind
+    # 3 workers share 32 samples as 11, 11, 10: the largest share sets the step, 32 are done
+    (three,) = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, [1, 3], strong=True)[1:]
+    step = predict(WORKLOAD.at_batch(11), "sync-sgd", 3, PROFILE).iteration_s
+    assert (three["batch_size"], three["samples_per_s"]) == (11, pytest.approx(32 / step))
     with pytest.raises(TetherError, match="unknown setting"):
         predict(WORKLOAD, "sync-sgd", 2, PROFILE, bucket=3)
     with pytest.raises(TetherError, match="no prediction for method"):
@@ -349,3 +355,33 @@ def test_a_server_node_is_bound_by_its_cpu_work() -> None:
     # across nodes the messages are the network's: only compute and the server's apply count
     apart = predict(WORKLOAD, "async-sgd", 4, profile_from_dict(_profile(cores=2, per_node=2)))
     assert apart.details["node_cpu_floor_s"] == pytest.approx((2 * COMPUTE + 4 * service) / 2)
+
+
+def test_settings_a_run_would_refuse_are_one_line_and_auto_is_the_fastest() -> None:
+    for bucket in (-1.0, float("nan")):  # -1 looped forever, nan ended in a traceback
+        with pytest.raises(TetherError, match="bucket_mb must be >= 0"):
+            predict(WORKLOAD, "sync-sgd", 4, PROFILE, bucket_mb=bucket)
+    with pytest.raises(TetherError, match="unknown all-reduce 'bogus': one of native, auto, ring"):
+        predict(WORKLOAD, "sync-sgd", 4, PROFILE, allreduce="bogus")
+    with pytest.raises(TetherError, match="ranks_per_node must be >= 0"):
+        predict(WORKLOAD, "sync-sgd", 4, PROFILE, ranks_per_node=-1)
+    # tether train's "auto" picks the fastest schedule for each size: priced as the fastest
+    links = Links(a=A, b=B, g=G, inter_a=A, inter_b=B, ranks_per_node=8)
+    times = [all_reduce_time(name, 6, 1e6, links) for name in ("ring", "naive", "binomial")]
+    assert all_reduce_time("auto", 6, 1e6, links) <= min(times)
+
+
+def test_the_api_takes_the_methods_own_tau_as_the_command_line_does() -> None:
+    # local-sgd averages every 4 steps by default: the API assumed every step (4x the cost)
+    default = predict(WORKLOAD, "local-sgd", 4, PROFILE)
+    assert default.iteration_s == predict(WORKLOAD, "local-sgd", 4, PROFILE, tau=4).iteration_s
+    assert default.iteration_s < predict(WORKLOAD, "local-sgd", 4, PROFILE, tau=1).iteration_s
+
+
+def test_two_level_easgd_counts_its_node_all_reduce_as_communication() -> None:
+    # 2 nodes of 2, no overlap: a local step is compute plus the node's all-reduce, which is
+    # communication, not compute
+    two = predict(WORKLOAD, "two-level-easgd", 4, PROFILE, ranks_per_node=2, overlap=False)
+    node = predict(WORKLOAD, "sync-sgd", 2, PROFILE, ranks_per_node=2, overlap=False)
+    assert two.compute_s == pytest.approx(COMPUTE)
+    assert two.exposed_comm_s >= node.iteration_s - COMPUTE > 0

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tether.catalog import method_defaults
 from tether.errors import TetherError
 from tether.perf.predict import Prediction, Setup, scaling
 from tether.perf.predict import predict as _predict
@@ -85,7 +86,7 @@ def predict(
 ) -> Prediction:
     """Predicted seconds per local step of ``method`` on ``workers`` workers, with the breakdown
     (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``). ``settings``:
-    ``tau``, ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
+    ``tau`` (default: the method's own), ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
     ``threads_per_worker`` (as ``tether train`` takes them)."""
     return _predict(workload, _profile(profile), _setup(method, workers, settings))
 
@@ -106,6 +107,14 @@ def predict_scaling(
     return scaling(workload, _profile(profile), _setup(method, counts[0], settings), counts, strong)
 
 
+def method_tau(method: str, given: int | None = None) -> int:
+    """``given``, else the method's own default as ``tether train`` runs it (local-sgd and
+    async-easgd: 4, two-level-easgd: 4; 1 for a method without rounds)."""
+    if given is not None:
+        return given
+    return int(method_defaults(method).get("tau", 1))
+
+
 def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
     known = set(Setup.__dataclass_fields__) - {"method", "workers"}
     unknown = sorted(set(settings) - known)
@@ -113,6 +122,7 @@ def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
         raise TetherError(
             f"unknown setting(s) {', '.join(unknown)}: predict takes {', '.join(sorted(known))}"
         )
+    settings = {**settings, "tau": method_tau(method, settings.get("tau"))}
     return Setup(method=method, workers=workers, **settings)
 
 
@@ -128,7 +138,7 @@ def simulate(
     straggler_slowdown: float = 1.0,
     message_s: float = 0.0,
     service_s: float = 0.0,
-    tau: int = 1,
+    tau: int | None = None,
     seed: int = 0,
 ) -> SimulationResult:
     """A discrete-event simulation of an asynchronous or round-robin method
@@ -148,7 +158,7 @@ def simulate(
             speeds=speeds,
             message_s=message_s,
             service_s=service_s,
-            tau=tau,
+            tau=method_tau(method, tau),
             seed=seed,
         )
         return _simulate(config)

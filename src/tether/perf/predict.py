@@ -30,12 +30,18 @@ a server's service includes its measured CPU per exchange.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.errors import TetherError
 from tether.perf import dag
-from tether.perf.collective_cost import Links, all_reduce_time, message_time
+from tether.perf.collective_cost import (
+    ALL_REDUCE_ALGORITHMS,
+    Links,
+    all_reduce_time,
+    message_time,
+)
 from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
@@ -53,6 +59,9 @@ SERVER_METHODS = (
 )
 PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
 MIB = 1 << 20
+# what --allreduce may name: the run's own choices ("native": the backend's; "auto": the fastest
+# for each size, priced as the model's fastest) and every schedule the model prices
+PRICED_ALL_REDUCES = ("native", "auto", *ALL_REDUCE_ALGORITHMS)
 BUCKET_CANDIDATES_MB = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
@@ -195,7 +204,7 @@ def _rounds(
     round also waits ``skew_s`` for the latest rank (two-level-easgd: inside the node every
     step, as sync-sgd)."""
     n = steps.model_bytes
-    compute = steps.compute_s
+    compute = step_s = steps.compute_s  # step_s: a local step, what a round hides under
     if setup.method == "two-level-easgd":
         inside = _sync_sgd(steps, _node_setup(setup, links), links, overlap, skew_s)["iteration"]
         per_node = min(setup.workers, links.ranks_per_node)
@@ -206,17 +215,18 @@ def _rounds(
         node_link = replace(links, a=links.inter_a, b=links.inter_b, ranks_per_node=1)
         round_s = all_reduce_time(setup.allreduce, nodes, n, node_link)
         round_s += (per_node - 1) * (links.a + n / per_node * links.b) + 3 * n * links.g
-        compute, base_comm = inside.total_s, inside.comm_s
+        # a local step is the node's sync-sgd step: its exposed all-reduce is communication
+        step_s, base_comm = inside.total_s, inside.comm_s
     else:
         round_s = all_reduce_time(setup.allreduce, setup.workers, n, links)
         base_comm = 0.0
         if setup.method == "sync-easgd":
             round_s += 3 * n * links.g  # d = x - c, x -= alpha d, c += alpha d
     hides = overlap and setup.method != "local-sgd"
-    exposed = max(0.0, round_s - setup.tau * compute) if hides else round_s
+    exposed = max(0.0, round_s - setup.tau * step_s) if hides else round_s
     exposed += skew_s
     return dag.Iteration(
-        compute + exposed / setup.tau, compute, base_comm + (round_s + skew_s) / setup.tau
+        step_s + exposed / setup.tau, compute, base_comm + (round_s + skew_s) / setup.tau
     )
 
 
@@ -314,6 +324,18 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
         )
     if setup.workers < 1 or setup.tau < 1:
         raise TetherError("workers and tau must be at least 1")
+    if not math.isfinite(setup.bucket_mb) or setup.bucket_mb < 0:
+        raise TetherError(
+            f"bucket_mb must be >= 0 (0: one message per tensor), got {setup.bucket_mb}"
+        )
+    if setup.ranks_per_node < 0:
+        raise TetherError(
+            f"ranks_per_node must be >= 0 (0: the profile's), got {setup.ranks_per_node}"
+        )
+    if setup.allreduce not in PRICED_ALL_REDUCES:
+        raise TetherError(
+            f"unknown all-reduce {setup.allreduce!r}: one of {', '.join(PRICED_ALL_REDUCES)}"
+        )
     links = links_of(profile, setup.ranks_per_node)
     neighbours = _neighbour_slowdown(profile, setup, links)
     alone = workload.step_times(profile).slowed(neighbours)  # a core of its own, on a busy node
@@ -373,15 +395,18 @@ def scaling(
     strong: bool,
 ) -> list[dict[str, Any]]:
     """Throughput and efficiency against the worker count. Weak scaling keeps the per-worker
-    batch; strong scaling keeps the global batch of one worker's (``batch * workers[0]``),
-    each worker taking its share (at least one sample)."""
+    batch; strong scaling keeps the global batch of the first count (``batch * workers[0]``),
+    each worker taking its share (the largest share, ``ceil(B / P)``, sets the step) and the
+    curve ending where there are more workers than samples in the batch."""
     base_global = workload.batch_size * workers[0]
     rows = []
     first = None
     for p in workers:
-        batch = max(1, base_global // p) if strong else workload.batch_size
+        if strong and p > base_global:
+            break  # no share left to give: the global batch would grow
+        batch = math.ceil(base_global / p) if strong else workload.batch_size
         pred = predict(workload.at_batch(batch), profile, replace(setup, workers=p))
-        rate = pred.samples_per_s
+        rate = base_global / pred.iteration_s if strong else pred.samples_per_s
         if first is None:
             first = (p, rate)
         ideal = first[1] * p / first[0]
