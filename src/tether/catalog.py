@@ -215,13 +215,13 @@ def ignored_settings(
 ) -> list[str]:
     """One message per setting in ``given`` (keys the user set) that the run will not use.
     ``supplied``: the components that are the user's own objects (``optimizer``,
-    ``lr_schedule``), which take none of the settings of the named ones."""
+    ``lr_schedule``, ``loss``), which take none of the settings of the named ones."""
     method = METHODS.get(config.method)
     messages = []
     optimizer_named = config.optimizer != "auto"
     own = {
         key
-        for key in ("optimizer", "lr_schedule")
+        for key in ("optimizer", "lr_schedule", "loss")
         if key in supplied or is_import_path(getattr(config, key))
     }
     for key in sorted(set(given)):
@@ -248,8 +248,8 @@ def ignored_settings(
         elif key in METHOD_SETTINGS and key not in method.settings:
             users = [n for n in METHODS if key in METHODS.get(n).settings]
             messages.append(f"{config.method} ignores {key} (it applies to {', '.join(users)})")
-        elif key == "label_smoothing" and config.loss != "cross-entropy":
-            messages.append("label_smoothing applies to --loss cross-entropy only")
+        elif key == "label_smoothing" and (config.loss != "cross-entropy" or "loss" in own):
+            messages.append("label_smoothing applies to the named loss cross-entropy only")
         elif key in ("lr_decay_every", "lr_decay") and config.lr_schedule != "step":
             messages.append(f"{key} applies to --lr-schedule step only")
         elif key == "lr_decay_power" and config.lr_schedule != "poly":

@@ -73,7 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
         model = unseeded_model(task)  # built once, for every check below
-        probe_task(task, model=model)
+        probe_task(task, model=model, target=config.target_spec)
         check_plan_on_model(config, model)  # every layer the plan splits, before launch
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
     check_run_dir(config, args.overwrite, model if config.resume else None)

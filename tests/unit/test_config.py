@@ -123,6 +123,10 @@ def test_settings_a_method_ignores_are_named() -> None:
         "momentum has no effect: your own optimizer sets its own",
         "warmup_steps has no effect: your own schedule (lr_schedule) is the whole one",
     ]
+    # label smoothing is the named cross-entropy's: a loss object of the user's takes none
+    smoothing = ignored_settings(TrainConfig(method="sync-sgd"), {"label_smoothing"}, ["loss"])
+    assert smoothing == ["label_smoothing applies to the named loss cross-entropy only"]
+    assert ignored_settings(TrainConfig(method="sync-sgd"), {"label_smoothing"}) == []
     path = TrainConfig(method="sync-sgd", lr_schedule="mypkg.sched:build")
     assert ignored_settings(path, {"warmup_epochs"}) == [
         "warmup_epochs has no effect: your own schedule (lr_schedule) is the whole one"
@@ -403,3 +407,29 @@ def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> Non
     # 2 nodes of 4 (9 would be refused)
     nodes = config(9, "--method", "async-sgd", "--ranks-per-node", "4")
     assert (nodes.workers, nodes.ranks_per_node) == (8, 4)
+
+
+def test_fit_gives_loader_workers_to_the_loader(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """loader_workers, a config key, was dropped by tether.fit (only the command line read it)."""
+    import tether.api.fit as fit_module
+
+    class Sent(Exception):
+        pass
+
+    seen: dict[str, Any] = {}
+
+    def capture(task: Any, path: Path) -> None:
+        seen["options"] = dict(task.loader_options)
+        raise Sent  # what the workers would load with; nothing is launched
+
+    monkeypatch.setattr(fit_module, "write_task", capture)
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4), torch.zeros(64, dtype=torch.long))
+    for given, options in ((None, {"num_workers": 2}), ({"num_workers": 1}, {"num_workers": 1})):
+        with pytest.raises(Sent):
+            fit_module.fit(
+                model=torch.nn.Linear(4, 2), train_data=data, method="sync-sgd", workers=1,
+                loader_workers=2, loader_options=given, out=str(tmp_path / str(given)),
+            )  # fmt: skip
+        assert seen["options"] == options

@@ -9,12 +9,13 @@ import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Dataset, TensorDataset
 
 from tether.catalog import infer_shape_and_classes, task_from_config
@@ -26,6 +27,7 @@ from tether.methods import MethodContext, StepTimes, TrainingMethod
 from tether.metrics import accuracy
 from tether.optim import LookaheadNesterov, check_distributable
 from tether.optim.schedules import check_schedule
+from tether.targets import parse_target
 from tether.training.batches import TrainBatches, batch_size_of, eval_batches, to_device
 from tether.training.evaluation import Evaluator
 from tether.training.method_optimizer import MethodOptimizer
@@ -40,6 +42,11 @@ CPU = torch.device("cpu")
 def _xy(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     return torch.randn(n, 4, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+class Sample(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 class DictData(Dataset):
@@ -135,6 +142,11 @@ def test_any_dataset_gives_the_same_batches_as_the_tensor_fast_path() -> None:
     dicts = next(TrainBatches(DictData(), GlobalBatchSampler(12, 4, 0), 0, 1, CPU).iterate(0, 1))
     assert set(dicts) == {"features", "label"} and dicts["features"].shape == (4, 4)
     assert to_device({"a": [x[:1], (y[:1],)]}, CPU)["a"][1][0].shape == (1,)
+    # default_collate keeps a namedtuple, which cannot be rebuilt from one generator (every
+    # worker failed on its first batch)
+    pair = Sample(x[:2], y[:2])
+    moved = to_device(pair, CPU)
+    assert isinstance(moved, Sample) and torch.equal(moved.y, y[:2])
 
 
 def test_a_workers_sampler_is_its_slice_of_each_global_batch() -> None:
@@ -266,6 +278,10 @@ def test_the_task_makes_the_trip_and_errors_name_the_argument(tmp_path: Path) ->
         )
     with pytest.raises(TetherError, match=r"^loss cannot be sent"):
         pickle_argument("loss", lambda o, t: o.sum())
+    unsendable = {"worker_init_fn": lambda i: None}  # named: it was "the task"
+    with pytest.raises(TetherError, match=r"^loader_options cannot be sent"):
+        write_task(Task(build_linear, task.train_data, task.loss, loader_options=unsendable),
+                   tmp_path / "u")  # fmt: skip
     assert not uses_main(pickle.dumps(task.model))
 
 
@@ -283,6 +299,38 @@ def test_the_dry_run_catches_bad_components_in_one_line() -> None:
         )
     with pytest.raises(TetherError, match="train_data is empty"):
         probe_task(Task(build_linear, TensorDataset(x[:0], y[:0]), nn.CrossEntropyLoss()))
+    # a schedule with the method's own optimizer is tried on a stand-in (it failed in every
+    # worker after start-up); a metric may not take the loss's name
+    with pytest.raises(
+        TetherError, match=r"building the optimizer or schedule failed: .*step_size"
+    ):
+        probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), scheduler=StepLR))
+    with pytest.raises(TetherError, match="a metric cannot be named 'loss'"):
+        probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), metrics={"loss": accuracy}))
+
+
+def test_a_target_names_a_metric_the_run_evaluates() -> None:
+    x, y = _xy()
+    data = TensorDataset(x, y)
+    classes = Task(build_linear, data, nn.CrossEntropyLoss(), eval_data=data)
+    probe_task(classes, target=parse_target("accuracy>=0.5"))  # class scores: accuracy
+    probe_task(classes, target=parse_target("loss<=0.5"))
+    # these ran to the end "not reached", whatever the model did
+    named = Task(
+        build_linear, data, nn.CrossEntropyLoss(), eval_data=data, metrics={"acc": accuracy}
+    )
+    with pytest.raises(
+        TetherError, match=r"'accuracy' is not evaluated in this run; evaluated: loss, acc"
+    ):
+        probe_task(named, target=parse_target("accuracy>=0.5"))
+    values = TensorDataset(x, torch.randn(len(x), 3))
+    regression = Task(build_linear, values, nn.MSELoss(), eval_data=values)
+    with pytest.raises(
+        TetherError, match=r"'accuracy' is not evaluated in this run; evaluated: loss"
+    ):
+        probe_task(regression, target=parse_target("accuracy>=0.5"))
+    with pytest.raises(TetherError, match=r"target loss<=5 needs eval_data"):
+        probe_task(Task(build_linear, data, nn.CrossEntropyLoss()), target=parse_target("loss<=5"))
 
 
 def test_import_paths_resolve_on_the_working_directory(

@@ -123,16 +123,17 @@ def fit(
         model, train_data, loss, optimizer, scheduler, metrics, method, workers, epochs,
         batch_size, out, target, log, resume, options,
     )  # fmt: skip
-    own = [
-        key
-        for key, part in (("optimizer", optimizer), ("lr_schedule", scheduler))
-        if callable(part)
-    ]
+    parts = (("optimizer", optimizer), ("lr_schedule", scheduler), ("loss", loss))
+    own = [key for key, part in parts if callable(part)]
     warn_ignored(config, given, stacklevel=2, supplied=own)
     task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
-    task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loader_options or {})
+    # loader_workers (a config key, as --loader-workers) is the loader's num_workers unless the
+    # loader options name one
+    loading = {"num_workers": config.loader_workers} if config.loader_workers else {}
+    loading.update(loader_options or {})
+    task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loading)
     model = unseeded_model(task)  # built once, for every check below
-    probe_task(task, model=model)
+    probe_task(task, model=model, target=config.target_spec)
     check_launch(config)
     check_plan_on_model(config, model)
     if isinstance(task.train_data, Sized):

@@ -29,6 +29,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
         return batch.to(device, non_blocking=True)
     if isinstance(batch, Mapping):
         return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple (default_collate
+        return type(batch)(*(to_device(value, device) for value in batch))  # keeps them)
     if isinstance(batch, tuple | list):
         return type(batch)(to_device(value, device) for value in batch)
     return batch

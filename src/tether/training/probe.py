@@ -15,6 +15,8 @@ from torch.utils.data import default_collate
 from tether.errors import TetherError
 from tether.optim import check_distributable
 from tether.optim.schedules import build_scheduler
+from tether.targets import Target
+from tether.training.evaluation import Evaluator
 from tether.training.objective import Objective, takes_model_and_batch
 from tether.training.task import Task
 
@@ -31,10 +33,20 @@ def unseeded_model(task: Task) -> torch.nn.Module:
         return task.build_model()
 
 
-def probe_task(task: Task, samples: int = 2, model: torch.nn.Module | None = None) -> None:
+def probe_task(
+    task: Task,
+    samples: int = 2,
+    model: torch.nn.Module | None = None,
+    target: Target | None = None,
+) -> None:
     """Build the model (or take ``model``, the caller's :func:`unseeded_model`) and run
     forward, the loss and every metric on ``samples`` training samples (collated as the workers
-    will), without changing the caller's random state."""
+    will), without changing the caller's random state; ``target`` must name a metric the run
+    will evaluate (a target nothing measures would never be reached, and say nothing)."""
+    if "loss" in (task.metrics or {}):
+        raise TetherError(
+            "a metric cannot be named 'loss': the run's mean loss has that name (rename it)"
+        )
     try:
         size = len(task.train_data)  # type: ignore[arg-type]
     except TypeError:
@@ -51,9 +63,15 @@ def probe_task(task: Task, samples: int = 2, model: torch.nn.Module | None = Non
             batch: Any = (task.collate_fn or default_collate)(items)
         except Exception as exc:
             raise TetherError(f"reading a batch of train_data failed: {_first_line(exc)}") from None
-        if task.optimizer is not None:  # the optimizer and schedule factories, on this model
+        if task.optimizer is not None or task.scheduler is not None:
+            # the optimizer and schedule factories, on this model (a schedule alone, on a
+            # stand-in for the method's own optimizer)
             try:
-                optimizer = task.optimizer(model.parameters())
+                optimizer = (
+                    task.optimizer(model.parameters())
+                    if task.optimizer is not None
+                    else torch.optim.SGD(model.parameters(), lr=0.1)
+                )
                 check_distributable(optimizer)
                 build_scheduler(task.scheduler, optimizer, total_steps=1)
             except TetherError:
@@ -83,3 +101,12 @@ def probe_task(task: Task, samples: int = 2, model: torch.nn.Module | None = Non
                     float(value)
                 except Exception as exc:
                     raise TetherError(f"metric {name!r} failed: {_first_line(exc)}") from None
+            evaluated = Evaluator(objective, task.metrics).fix_metrics(model, batch)
+    if target is not None:
+        if task.eval_data is None:
+            raise TetherError(f"target {target} needs eval_data: without it nothing is evaluated")
+        if target.metric not in evaluated:
+            raise TetherError(
+                f"the target's metric {target.metric!r} is not evaluated in this run; "
+                f"evaluated: {', '.join(evaluated)} (add it to the metrics)"
+            )

@@ -72,7 +72,7 @@ def _fields(task: Task) -> list[tuple[str, Any]]:
     named = [(f, getattr(task, f)) for f in ("model", "train_data", "eval_data", "loss")]
     named += [("optimizer", task.optimizer), ("scheduler", task.scheduler)]
     named += [(f"metric {k!r}", v) for k, v in (task.metrics or {}).items()]
-    return [*named, ("collate_fn", task.collate_fn)]
+    return [*named, ("collate_fn", task.collate_fn), ("loader_options", task.loader_options)]
 
 
 def write_task(task: Task, path: Path) -> None:
