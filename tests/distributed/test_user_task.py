@@ -285,6 +285,9 @@ def _check_step_losses(path: Path, method: str) -> None:
     methods), or each worker's, reported to the server with its messages (or on the shared
     loss board) and covering every step it took, falling as it trains."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    # one evaluation line per step: a server evaluated its last step twice (same numbers)
+    evaluated = [r["step"] for r in records if r.get("event") == "eval"]
+    assert len(evaluated) == len(set(evaluated)) and evaluated, (method, evaluated)
     losses = [r for r in records if "loss" in r and "event" not in r]
     clock = [r["time_s"] for r in losses]  # the training clock, for loss-against-time curves
     assert clock == sorted(clock) and clock[0] >= 0, (method, clock)
