@@ -114,6 +114,16 @@ def run_comparison(
 
     assert config.out is not None
     out = Path(config.out)
+    # The table and the plot are of test accuracy (time to a target accuracy, the final one)
+    if config.target is not None:
+        raise TetherError(
+            f"tether compare times every method to a test accuracy: give --target-accuracy, "
+            f"not --target {config.target} (that is tether train's)"
+        )
+    if config.metrics and "accuracy" not in config.metrics:
+        raise TetherError(
+            "tether compare compares test accuracy: add --metric accuracy to the metrics"
+        )
     # Each method's own config (its defaults may hold the batch, or add a server process), made
     # once: missing or corrupt data, a global batch the data cannot fill, a launch this machine
     # cannot make, and an --out that holds something fail here, in one line, before any run.

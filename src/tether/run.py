@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
+from tether.catalog import IgnoredSettingWarning, warn_ignored
 from tether.cli import OneLineParser
 from tether.config import TrainConfig
 from tether.errors import TetherError
@@ -21,17 +23,34 @@ from tether.launch.env import DistEnv
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
-from tether.train_options import add_train_options, config_from_args
+from tether.train_options import add_train_options, config_from_args, given_values
 
 # What torchrun (and srun running it) sets for every worker; the process group needs them all.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def worker_config(args: argparse.Namespace, env: DistEnv) -> TrainConfig:
-    """The run's config, its workers the launcher's world size less the method's servers."""
-    return config_from_args(
-        args, lambda c: f"runs/{c.method}-{env.run_id or 'torchrun'}", world_size=env.world_size
+    """The run's config, its workers the launcher's world size less the method's servers; rank
+    0 warns, as ``tether train`` does, of settings the run will not use (a --workers the
+    launcher's count overrides among them)."""
+    given = given_values(args)
+    config = config_from_args(
+        args,
+        lambda c: f"runs/{c.method}-{env.run_id or 'torchrun'}",
+        given,
+        world_size=env.world_size,
     )
+    if env.rank == 0:
+        warn_ignored(config, set(given) - {"workers"})
+        asked = given.get("workers")
+        if asked is not None and asked != config.workers:
+            warnings.warn(
+                f"--workers {asked} is ignored: the launcher started {env.world_size} processes, "
+                f"so {config.method} runs {config.workers} workers",
+                IgnoredSettingWarning,
+                stacklevel=2,
+            )
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,6 +68,17 @@ def test_each_methods_own_batch_is_checked_before_anything_runs(tmp_path: Path) 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "1536" in lines[0] and "1500" in lines[0], lines
     assert not out.exists()
+
+
+def test_a_comparison_of_anything_but_accuracy_is_refused_up_front(tmp_path: Path) -> None:
+    # --target made every method fail after start-up (compare adds its own target accuracy);
+    # a run without accuracy ended in a KeyError traceback and wrote nothing
+    base = TrainConfig(out=str(tmp_path / "c"), model="mlp", dataset="digits")
+    with pytest.raises(TetherError, match=r"give --target-accuracy, not --target loss<=0\.9"):
+        run_comparison(replace(base, target="loss<=0.9"), ["sync-sgd"])
+    with pytest.raises(TetherError, match="add --metric accuracy"):
+        run_comparison(replace(base, metrics=("mae",)), ["sync-sgd"])
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_failed_method_does_not_stop_the_comparison(

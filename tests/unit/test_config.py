@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tether.catalog import check_names, ignored_settings, method_defaults
+from tether.catalog import IgnoredSettingWarning, check_names, ignored_settings, method_defaults
 from tether.catalog import resolve_config as catalog_resolve
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
@@ -376,6 +376,7 @@ def test_a_config_file_is_read_once_and_its_keys_count_as_given(tmp_path: Path) 
     assert (config.batch_size, config.lr, config.out) == (48, 0.1, "out")
 
 
+@pytest.mark.filterwarnings("ignore:async-sgd ignores ranks_per_node")  # the 8 workers in 2 nodes
 def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> None:
     from tether.launch.env import DistEnv
     from tether.run import worker_config
@@ -407,6 +408,12 @@ def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> Non
     # 2 nodes of 4 (9 would be refused)
     nodes = config(9, "--method", "async-sgd", "--ranks-per-node", "4")
     assert (nodes.workers, nodes.ranks_per_node) == (8, 4)
+    # rank 0 warns as tether train does (nothing was said under torchrun)
+    with pytest.warns(IgnoredSettingWarning) as said:
+        config(3, "--method", "async-easgd", "--workers", "7", "--momentum", "0.5")
+    messages = [str(w.message) for w in said]
+    assert any("async-easgd ignores momentum" in m for m in messages), messages
+    assert any(m.startswith("--workers 7 is ignored: the launcher started 3") for m in messages)
 
 
 def test_fit_gives_loader_workers_to_the_loader(

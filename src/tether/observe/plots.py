@@ -1,7 +1,7 @@
 """Figures of runs, drawn with matplotlib's Agg canvas (no display, no pyplot global state).
 
 :func:`plot_comparison` turns the rows of a method comparison (see
-:mod:`tether.observe.compare`) into one PNG: test accuracy against wall time, and where each
+:mod:`tether.observe.compare`) into one PNG: test accuracy against training time, and where each
 method's time went (data loading, computation, communication not hidden, everything else).
 """
 
@@ -125,7 +125,7 @@ def plot_comparison(
 ) -> Path:
     """Draw the comparison figure for ``rows`` into the PNG file ``path`` and return ``path``.
 
-    Left: test accuracy against wall time, one line per method, the target as a dashed line.
+    Left: test accuracy against training time, one line per method, the target as a dashed line.
     Right: one horizontal bar per method, its wall time per worker split into data loading,
     computation, communication not hidden, and the rest.
     """
