@@ -121,6 +121,9 @@ class CountingTransport:
         self.calls["all_gather"] += 1
         self.inner.all_gather(tensor)
 
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Any:
+        return self.inner.broadcast(tensor, src, async_op)  # parallelize's start, not counted
+
 
 def _input(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(7)
@@ -169,6 +172,20 @@ def _against_unsharded(
             opt.step()
     results["weights"] = _max_diff(oracle.state_dict(), full_state_dict(sharded))
     return results
+
+
+def _unseeded_ranks_share_one_model(group: TorchTransport) -> float:
+    """Each rank of the group builds its model from its own seed (a loop that does not seed):
+    after parallelize the group holds the one model of its rank 0, slices and the layers
+    outside the plan alike (each rank trained a model of its own before). Returns the largest
+    difference between the gathered model and group rank 0's original."""
+    torch.manual_seed(100 + TorchTransport().rank)
+    own = WideMLP()
+    first = copy.deepcopy(own.state_dict())
+    for tensor in first.values():
+        group.broadcast(tensor, src=0)  # group rank 0's original, to compare with
+    sharded = parallelize(own, MLP_PLAN, group)
+    return _max_diff(first, full_state_dict(sharded))
 
 
 def _column_row_counts(group: TorchTransport) -> dict[str, int]:
@@ -418,6 +435,7 @@ def on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
     ):
         for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
             out[f"k2/{name}/{label}"] = _against_unsharded(build, plan, grid.model, shape, dtype)
+    out["unseeded"] = _unseeded_ranks_share_one_model(grid.model)
     out["counts"] = _column_row_counts(grid.model)
     out["flatten_counts"] = _flatten_forward_counts(grid.model)
     out["grid"] = _grid_sync_sgd(world)
@@ -447,6 +465,12 @@ def test_sharded_model_equals_the_unsharded_one(results: list[dict[str, Any]], c
         if grid == "k2":
             diffs32 = result[f"{grid}/{case}/f32"]
             assert max(diffs32.values()) < F32_REL_TOL, (rank, diffs32)
+
+
+def test_a_model_group_holds_its_rank_0s_model_whatever_each_rank_built(
+    results: list[dict[str, Any]],
+):
+    assert [result["unseeded"] for result in results] == [0.0] * len(results)
 
 
 def test_a_column_row_pair_costs_one_all_reduce_each_way(results: list[dict[str, Any]]):
@@ -546,8 +570,16 @@ def test_bad_plans_are_one_line(plan, parts, message):
 
 def test_a_layer_without_a_sharding_rule_is_refused():
     model = FlattenCNN()
-    with pytest.raises(TetherError, match="norm is a BatchNorm2d; only Linear and Conv2d"):
+    with pytest.raises(TetherError, match="norm is a BatchNorm2d; only plain Linear and Conv2d"):
         check_plan(model, {"norm": "column"}, 2)
+    # a subclass or a parametrised layer computes or reads its weight its own way: a slice of
+    # it trained without its parametrisation, or failed in every worker (attention's out_proj)
+    attention = nn.MultiheadAttention(8, 2)
+    with pytest.raises(TetherError, match="out_proj is a NonDynamicallyQuantizableLinear; only"):
+        check_plan(attention, {"out_proj": "row"}, 2)
+    normed = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(4, 4)))
+    with pytest.raises(TetherError, match="0 is a parametrised ParametrizedLinear; only plain"):
+        check_plan(normed, {"0": "column"}, 2)
     grouped = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2))
     with pytest.raises(TetherError, match="grouped or non-zero-padded Conv2d"):
         check_plan(grouped, {"0": "channel"}, 2)

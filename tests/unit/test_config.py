@@ -311,6 +311,8 @@ def test_fit_holds_the_batch_unless_given_and_init_leaves_it_to_the_loop() -> No
 
     data = torch.utils.data.TensorDataset(torch.zeros(200, 4), torch.zeros(200, dtype=torch.long))
     check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8)
+    # parallel_plan=None is no plan, as leaving it out (it was "must be a list of strings")
+    check_fit(torch.nn.Linear(4, 2), data, method="sync-sgd", workers=1, parallel_plan=None)
     with pytest.raises(TetherError, match=r"8 workers x batch 64 x accumulate 1 = 512\) is larger"):
         check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8, batch_size=64)
     config, own = init_configs("sync-easgd", 8, {})

@@ -106,7 +106,8 @@ class Context:
         """Split ``model``'s layers over this rank's model group (``model_parallel`` in
         ``tether.init``), by ``plan`` (``{"fc1": "column", "fc2": "row"}``; default: the
         ``parallel_plan`` option), in place; call it before building the optimizer. Every rank
-        must build the same model first (seed alike). Save with
+        of the group takes its rank 0's full model first (a broadcast), so the ranks need not
+        have seeded alike. Save with
         ``tether.parallel.full_state_dict(ctx.eval_model())`` on every rank."""
         if self.grid is None:
             raise TetherError("ctx.parallelize needs tether.init(..., model_parallel=K), K > 1")

@@ -210,6 +210,8 @@ def _config(
         values.setdefault("lr_base_batch", 0)
     if metrics is not None and not isinstance(metrics, Mapping):
         values["metrics"] = tuple(metrics)
+    if values.get("parallel_plan", ()) is None:  # None: no plan, as leaving it out
+        del values["parallel_plan"]
     if "parallel_plan" in values:  # {"fc1": "column"}: the config's "fc1=column" entries
         values["parallel_plan"] = plan_option(values["parallel_plan"])
     if target is not None:

@@ -7,8 +7,8 @@ as written, the activations between sharded layers travel as
 :class:`~tether.parallel.dist_array.DistArray` objects, and the model's output is always a whole
 tensor (a hook on the model makes it so), which the user's loss and metrics take as they are.
 
-Every rank of the group must build the same full model first (same seed): the slices then
-reproduce the unsharded initialisation exactly.
+Every rank of the group starts from group rank 0's full model (broadcast before slicing): the
+slices then reproduce that one initialisation exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: Transport) -> 
     check_plan(model, plan, group.world_size)
     if group.world_size == 1:
         return model
+    # Every rank of the group takes group rank 0's full model first: what the plan does not
+    # split (a row layer's bias, the other layers) is then one model, not one per rank, and the
+    # slices are of one initialisation, whether or not the ranks seeded alike
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            group.broadcast(tensor.data, src=0)
     for name, kind in plan.items():
         module = find_layer(model, name)
         sharded = layer_class(name, module, kind, group.world_size).from_module(module, group)

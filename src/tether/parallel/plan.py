@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from tether.errors import TetherError
 from tether.parallel.layers import (
@@ -73,12 +74,24 @@ def parse_plan(plan: Mapping[str, str] | Iterable[str] | str | None) -> dict[str
 
 def shardable_layers(model: nn.Module) -> list[str]:
     """The names of the layers a plan can split (``Linear`` and ``Conv2d``)."""
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv2d) and n]
+    return [
+        n
+        for n, m in model.named_modules()
+        if type(m) in (nn.Linear, nn.Conv2d) and not parametrize.is_parametrized(m) and n
+    ]
 
 
 def layer_class(name: str, module: nn.Module, kind: str, parts: int) -> type[ShardedLayer]:
     """The sharded layer that replaces ``module`` (named ``name``) split ``kind``-wise into
-    ``parts``; one TetherError line when it cannot be."""
+    ``parts``; one TetherError line when it cannot be. Only plain ``Linear`` and ``Conv2d``:
+    a subclass or a parametrised layer (weight_norm) computes its weight its own way, or is
+    read by its owner directly (``MultiheadAttention.out_proj``), which a slice would break."""
+    if type(module) not in (nn.Linear, nn.Conv2d) or parametrize.is_parametrized(module):
+        shown = "a parametrised " if parametrize.is_parametrized(module) else "a "
+        raise TetherError(
+            f"parallel plan: {name} is {shown}{type(module).__name__}; only plain Linear and "
+            "Conv2d layers can be split (not their subclasses, nor parametrised ones)"
+        )
     if isinstance(module, nn.Linear):
         if kind not in _LINEAR_KIND:
             raise TetherError(
