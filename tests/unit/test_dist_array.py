@@ -98,6 +98,14 @@ def test_a_flattened_channel_slice_is_a_feature_slice() -> None:
         (lambda x: x.flatten(0, 1), {"all_gather": 1}),
         (lambda x: x.sum(), {"all_gather": 1}),  # any other tensor method: of the whole
         (lambda x: x + torch.ones(3, 8, 4, 4), {"all_gather": 1}),
+        # Python's other operators (a TypeError in every worker before): of the whole
+        (lambda x: x**2, {"all_gather": 1}),
+        (lambda x: 1 / (1 + x), {"all_gather": 1}),
+        (lambda x: x[:, :4], {"all_gather": 1}),
+        (lambda x: abs(x), {"all_gather": 1}),
+        (lambda x: (x > 0).float(), {"all_gather": 1}),
+        (lambda x: torch.where(x > 0, x, 0.0), {"all_gather": 2}),  # x used twice
+        (lambda x: 2**x, {"all_gather": 1}),
     ],
 )
 def test_what_needs_the_whole_tensor_gathers_once(op, calls) -> None:
@@ -105,6 +113,17 @@ def test_what_needs_the_whole_tensor_gathers_once(op, calls) -> None:
     out = op(_images(group))
     assert isinstance(out, torch.Tensor)
     assert group.calls == Counter(calls)
+
+
+def test_python_operators_give_the_whole_tensors_values() -> None:
+    group = TwinGroup()
+    local = torch.randn(3, 4, 4, 4)
+    x = DistArray(local, Layout.sharded(1), group)
+    whole = torch.cat([local, local], dim=1)  # what the twin group's all-gather makes
+    assert torch.equal(x**2, whole**2) and torch.equal(x[:, 5], whole[:, 5])
+    assert torch.equal(x > 0, whole > 0) and torch.equal(x == whole, torch.ones_like(whole).bool())
+    assert torch.equal(3 % (1 + abs(x)), 3 % (1 + whole.abs()))
+    assert len({x}) == 1  # still usable as a key (its == is elementwise)
 
 
 def test_partial_sums_stay_partial_only_under_linear_maps() -> None:

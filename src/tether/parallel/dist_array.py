@@ -350,3 +350,59 @@ def _arithmetic(name: str, left: Any, right: Any) -> Any:
                 local = op(array.local, number) if array is left else op(number, array.local)
                 return array._keep(local)
     return op(DistArray.whole(left), DistArray.whole(right))
+
+
+# Python looks operators up on the type, not through __getattr__: the others (powers, indexing,
+# comparisons, ...) are spelled out here, each on the whole tensor (always right; it costs the
+# gather or reduction the expression asks for), so that forward code runs on a split activation
+# as written.
+_WHOLE_OPERATORS: dict[str, Callable[..., Any]] = {
+    "__pow__": operator.pow,
+    "__matmul__": operator.matmul,
+    "__floordiv__": operator.floordiv,
+    "__mod__": operator.mod,
+    "__getitem__": operator.getitem,
+    "__abs__": operator.abs,
+    "__pos__": operator.pos,
+    "__invert__": operator.invert,
+    "__lt__": operator.lt,
+    "__le__": operator.le,
+    "__gt__": operator.gt,
+    "__ge__": operator.ge,
+    "__eq__": operator.eq,
+    "__ne__": operator.ne,
+    "__and__": operator.and_,
+    "__or__": operator.or_,
+    "__xor__": operator.xor,
+}
+_REFLECTED_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "__rpow__": operator.pow,
+    "__rtruediv__": operator.truediv,
+    "__rmatmul__": operator.matmul,
+    "__rfloordiv__": operator.floordiv,
+    "__rmod__": operator.mod,
+    "__rand__": operator.and_,
+    "__ror__": operator.or_,
+    "__rxor__": operator.xor,
+}
+
+
+def _on_whole(op: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: DistArray, *others: Any) -> Any:
+        return op(self.full(), *DistArray.whole(others))
+
+    return method
+
+
+def _on_whole_reflected(op: Callable[[Any, Any], Any]) -> Callable[[DistArray, Any], Any]:
+    def method(self: DistArray, other: Any) -> Any:
+        return op(DistArray.whole(other), self.full())
+
+    return method
+
+
+for _name, _op in _WHOLE_OPERATORS.items():
+    setattr(DistArray, _name, _on_whole(_op))
+for _name, _op in _REFLECTED_OPERATORS.items():
+    setattr(DistArray, _name, _on_whole_reflected(_op))
+DistArray.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
