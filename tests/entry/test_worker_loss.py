@@ -134,6 +134,8 @@ def test_run_that_lost_every_worker_fails(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     summary = json.loads((run / "summary.json").read_text())  # what was done is kept
     assert summary["steps"] < STEPS
+    # ... marked failed: it looked like a finished run (samples/s 0, no failure)
+    assert summary["status"] == "failed" and "every worker was lost" in summary["error"]
 
 
 # -- the supervisor on its own: tiny child programs, no torch ------------------------------------

@@ -27,6 +27,7 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler
+from tether.errors import WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
 from tether.methods.ps_method import ServerMethod
 from tether.observe.files import atomic_write_text
@@ -244,9 +245,20 @@ class Trainer:
                 self.record.time_to_target = None
             self._evaluate(last)
         model_state = self.method.eval_model().state_dict()
-        self._write_results(last, result.totals, model_state, result.summary_extra())
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
-        result.check_complete(self.total_steps, stopped_at_target)
+        failure: WorkerFailure | None = None
+        try:
+            result.check_complete(self.total_steps, stopped_at_target)
+        except WorkerFailure as exc:
+            failure = exc
+        # A run that did not do its work still writes what it has (the model as far as it got),
+        # marked failed, so that nothing reads it as a finished run
+        extra = result.summary_extra()
+        if failure is not None:
+            extra = {**extra, "status": "failed", "error": str(failure)}
+        self._write_results(last, result.totals, model_state, extra)
+        if failure is not None:
+            raise failure
 
     def _forward(self, model: nn.Module, batch: Any) -> Evaluated:
         """The user's loss on one batch, in the run's precision."""
