@@ -570,7 +570,7 @@ def test_bad_plans_are_one_line(plan, parts, message):
 
 def test_a_layer_without_a_sharding_rule_is_refused():
     model = FlattenCNN()
-    with pytest.raises(TetherError, match="norm is a BatchNorm2d; only plain Linear and Conv2d"):
+    with pytest.raises(TetherError, match="norm is a BatchNorm2d; only Linear and Conv2d"):
         check_plan(model, {"norm": "column"}, 2)
     # a subclass or a parametrised layer computes or reads its weight its own way: a slice of
     # it trained without its parametrisation, or failed in every worker (attention's out_proj)

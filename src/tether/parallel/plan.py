@@ -86,7 +86,11 @@ def layer_class(name: str, module: nn.Module, kind: str, parts: int) -> type[Sha
     ``parts``; one TetherError line when it cannot be. Only plain ``Linear`` and ``Conv2d``:
     a subclass or a parametrised layer (weight_norm) computes its weight its own way, or is
     read by its owner directly (``MultiheadAttention.out_proj``), which a slice would break."""
-    if type(module) not in (nn.Linear, nn.Conv2d) or parametrize.is_parametrized(module):
+    subclass = isinstance(module, nn.Linear | nn.Conv2d) and type(module) not in (
+        nn.Linear,
+        nn.Conv2d,
+    )
+    if subclass or parametrize.is_parametrized(module):
         shown = "a parametrised " if parametrize.is_parametrized(module) else "a "
         raise TetherError(
             f"parallel plan: {name} is {shown}{type(module).__name__}; only plain Linear and "
