@@ -25,6 +25,7 @@ from tether.errors import TetherError
 from tether.launch.spawn import SpawnedError, run_spawned
 from tether.methods import METHODS, MethodContext
 from tether.methods.flat import flatten_parameters
+from tether.methods.ps_server import TOTALS_WORDS
 from tether.models import build_model
 from tether.observe.metrics import PhaseTotals
 
@@ -212,7 +213,11 @@ def _replicated(rank: int, world: int) -> dict:
 def _server_group(rank: int, world: int) -> dict:
     """The deterministic-order checks, then the worker whose step jumps, on one 3-rank group
     (starting a group costs seconds)."""
-    return {"methods": _all_methods(rank, world), "step-jumper": _step_jumper(rank, world)}
+    return {
+        "methods": _all_methods(rank, world),
+        "step-jumper": _step_jumper(rank, world),
+        "nan-goodbye": _nan_goodbye(rank, world),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +291,33 @@ def _step_jumper(rank: int, world: int) -> dict:
         cross_entropy_step(method, *_batch(step, 0, 2))
     method.finish(PhaseTotals())
     return {"steps": method.local_step}
+
+
+def _nan_goodbye(rank: int, world: int) -> dict:
+    """Worker 2 says goodbye with NaN totals; worker 1 trains normally. int() of a NaN crashed
+    the server's thread, and with it every healthy worker."""
+    cls = METHODS.get("async-easgd")
+    method = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
+    method.start()
+    if rank == 0:
+        result = method.serve(RecordingHooks())
+        return {"lost": dict(result.lost_workers)}
+    if rank == 2:
+        bad = torch.full((TOTALS_WORDS,), float("nan"), dtype=torch.float64)
+        method.wire.send_message(bad, 0, MessageKind.STOP, step=0)
+        return {}
+    for step in range(STEPS):
+        cross_entropy_step(method, *_batch(step, 0, 2))
+    method.finish(PhaseTotals())
+    return {"steps": method.local_step}
+
+
+def test_a_goodbye_with_broken_totals_is_given_up_and_the_run_goes_on(
+    server_group: list[dict],
+) -> None:
+    server, worker, _ = (r["nan-goodbye"] for r in server_group)
+    assert "protocol: its goodbye's totals are negative or not finite" in server["lost"][2]
+    assert worker["steps"] == STEPS
 
 
 def test_a_worker_whose_step_jumps_is_given_up_and_the_run_goes_on(

@@ -169,6 +169,25 @@ def test_supervisor_passes_on_other_failures(tmp_path: Path, rank: int, lost: bo
     assert not (tmp_path / "lost" / f"rank-{rank}.json").exists()
 
 
+def test_a_stopped_server_whose_workers_are_all_lost_fails_the_run(tmp_path: Path) -> None:
+    # The server (rank 0 of 3) stopped (SIGSTOP): both workers timed out on it and were recorded
+    # lost, "the run carries on". Nothing watched the server, and the run waited forever.
+    (tmp_path / "lost").mkdir()
+    for rank in (1, 2):
+        (tmp_path / "lost" / f"rank-{rank}.json").write_text(json.dumps({"rank": rank}))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "3"}
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--lost-dir", str(tmp_path / "lost")]
+    code = "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(60)"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*cmd, "--", sys.executable, "-c", code], env=env, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 1 and time.monotonic() - started < 10
+    assert "server rank 0 was stopped (SIGSTOP) and every worker lost its link" in proc.stderr
+    assert processes_mentioning("os.kill(os.getpid(), signal.SIGSTOP)") == []
+
+
 def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None:
     env = {**os.environ, "RANK": "1"}
     marker = tmp_path / "started"

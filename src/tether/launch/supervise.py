@@ -9,7 +9,9 @@ others running. Any other failure is passed on with the child's exit status, and
 error file (:mod:`tether.launch.error_file`; the child inherits the agent's
 TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
-When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
+A server still running once every worker is recorded lost (stopped, or hung ``SERVER_GRACE_S``
+later: a healthy one ends the run itself) is killed and the run fails naming it: nothing else
+would end it. When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
 ``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
 does not wait for it forever. A worker the server's ``summary.json`` names as given up is killed
 at once: it is hung or stopped, and the run would only wait for it. Stop signals from the agent
@@ -55,6 +57,9 @@ SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
 GRACE_S = 5.0  # how long a worker may outlive a finished server before it is killed
 STOP_GRACE_S = 3.0  # how long a child may take to end after a forwarded stop signal
+# how long a server may run on once every worker is lost (it then ends the run itself, failed,
+# after writing what it has; still running later, it is hung)
+SERVER_GRACE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -105,12 +110,18 @@ class Supervisor:
     """Runs one worker; see the module docstring. ``lost_dir`` None: pass every failure on."""
 
     def __init__(
-        self, command: list[str], lost_dir: Path | None, rank: int, marks_dir: Path | None = None
+        self,
+        command: list[str],
+        lost_dir: Path | None,
+        rank: int,
+        marks_dir: Path | None = None,
+        world_size: int = 1,
     ) -> None:
         self.command = command
         self.lost_dir = lost_dir
         self.marks_dir = marks_dir
         self.rank = rank
+        self.world_size = world_size
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.child: subprocess.Popen[bytes] | None = None
@@ -184,6 +195,25 @@ class Supervisor:
             return 128 - returncode
         return returncode
 
+    def _abandoned_server(self, pid: int) -> str:
+        """Why the server (this slot's child) is to be killed, or "": every worker has been
+        recorded lost and the server, which would then end the run itself, is stopped, or still
+        running ``SERVER_GRACE_S`` after the last loss (hung). Its workers, tolerated losses
+        each, have gone; nothing else would end it, and the agent would wait forever."""
+        assert self.lost_dir is not None
+        lost = list(self.lost_dir.glob("rank-*.json"))
+        if len(lost) < max(1, self.world_size - 1):
+            return ""
+        if process_state(pid) in ("T", "t"):
+            return "was stopped (SIGSTOP) and every worker lost its link to it"
+        last = max(path.stat().st_mtime for path in lost)
+        if time.time() - last > SERVER_GRACE_S:
+            return (
+                f"stopped answering: every worker lost its link to it, and it was still running "
+                f"{SERVER_GRACE_S:.0f} s later"
+            )
+        return ""
+
     def _wait(self, child: subprocess.Popen[bytes]) -> tuple[int, str]:
         """The child's exit status, and why we killed it for outliving the server ("" if we did
         not): the server has given up on it (or it hangs on its way out), and the agent would
@@ -198,6 +228,15 @@ class Supervisor:
             if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                 child.kill()  # it did not end after the stop signal: stopped, or blocked
                 return child.wait(), ""
+            if self.lost_dir is not None and self.rank == SERVER_RANK:
+                why = self._abandoned_server(child.pid)
+                if why:
+                    child.kill()
+                    child.wait()
+                    print(
+                        f"tether: server rank 0 {why}; the run fails", file=sys.stderr, flush=True
+                    )
+                    return 1, ""
             if self.lost_dir is None or not self.tolerated:
                 continue
             if finished_at is None and (self.lost_dir / SERVER_FINISHED).exists():
@@ -226,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to supervise")
-    return Supervisor(command, args.lost_dir, DistEnv.read().rank, args.marks_dir).run()
+    env = DistEnv.read()
+    return Supervisor(command, args.lost_dir, env.rank, args.marks_dir, env.world_size).run()
 
 
 if __name__ == "__main__":

@@ -120,6 +120,11 @@ class ServerEndpoint:
         expect = (self.params.numel(), DTYPE_CODES[self.params.dtype])
         for rank in self.state.workers:
             msg = self.transport.recv_message(hello, src=rank, kinds=frozenset({MessageKind.HELLO}))
+            if msg.header.length != HELLO_WORDS:
+                raise TetherError(
+                    f"worker rank {rank} sent a HELLO of {msg.header.length} words, not "
+                    f"{HELLO_WORDS} (a broken peer, or another version of Tether)"
+                )
             numel, code = (int(v) for v in msg.payload.tolist())
             if (numel, code) != expect:
                 raise TetherError(
@@ -270,8 +275,14 @@ class ServerEndpoint:
             self.give_up(rank, f"protocol: {why} (a broken peer)")
             return False
         if msg.header.kind is MessageKind.STOP:
+            totals = msg.payload
+            if not bool(torch.isfinite(totals).all()) or bool((totals < 0).any()):
+                # its time and sample counts go into the run's summary: NaN or inf crashed the
+                # server (int() of them), a negative count corrupted the summary
+                self.give_up(rank, "protocol: its goodbye's totals are negative or not finite")
+                return False
             self.state.stopped.add(rank)
-            self.state.totals = self.state.totals + PhaseTotals.from_tensor(msg.payload)
+            self.state.totals = self.state.totals + PhaseTotals.from_tensor(totals)
             # The goodbye carries the worker's final step: steps after its last exchange count.
             self.state.local_steps[rank] = msg.header.step
             return False
