@@ -217,6 +217,7 @@ def _server_group(rank: int, world: int) -> dict:
         "methods": _all_methods(rank, world),
         "step-jumper": _step_jumper(rank, world),
         "nan-goodbye": _nan_goodbye(rank, world),
+        "lost-before-hello": _lost_before_hello(rank, world),
     }
 
 
@@ -310,6 +311,33 @@ def _nan_goodbye(rank: int, world: int) -> dict:
         cross_entropy_step(method, *_batch(step, 0, 2))
     method.finish(PhaseTotals())
     return {"steps": method.local_step}
+
+
+def _lost_before_hello(rank: int, world: int) -> dict:
+    """Worker 2 connects and is gone before its HELLO; worker 1 trains normally. The server's
+    handshake failed the whole run, the healthy worker with it."""
+    cls = METHODS.get("async-easgd")
+    method = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
+    if rank == 2:
+        method.open_wire()
+        method.wire.close()
+        return {}
+    method.start()
+    if rank == 0:
+        result = method.serve(RecordingHooks())
+        return {"lost": dict(result.lost_workers)}
+    for step in range(STEPS):
+        cross_entropy_step(method, *_batch(step, 0, 2))
+    method.finish(PhaseTotals())
+    return {"steps": method.local_step}
+
+
+def test_a_worker_lost_before_its_hello_is_given_up_and_the_run_goes_on(
+    server_group: list[dict],
+) -> None:
+    server, worker, _ = (r["lost-before-hello"] for r in server_group)
+    assert server["lost"][2].startswith("lost before its first exchange"), server["lost"]
+    assert worker["steps"] == STEPS
 
 
 def test_a_goodbye_with_broken_totals_is_given_up_and_the_run_goes_on(

@@ -134,6 +134,7 @@ class ServerMethod(TrainingMethod):
                 self.flat,
                 silence_timeout_s=self.config.timeout_s,
                 max_step_jump=self.max_step_jump(),
+                tolerant=self.tolerates_worker_loss,
             )
         else:
             self.link = WorkerEndpoint(self.wire, self.flat)

@@ -89,9 +89,13 @@ class ServerEndpoint:
         params: torch.Tensor,
         silence_timeout_s: float | None = None,
         max_step_jump: int = 1,
+        tolerant: bool = False,
     ) -> None:
         self.transport = transport
         self.params = params
+        # whether the run goes on without a worker lost before its first exchange (the
+        # asynchronous methods), or fails naming it (round-robin: every worker has its turn)
+        self.tolerant = tolerant
         self.state = ServerState(workers=list(range(1, transport.world_size)))
         # A worker's step grows by its communication period between two of its messages: a
         # header that goes back, or jumps further, is a broken or hostile peer (given up on).
@@ -119,7 +123,15 @@ class ServerEndpoint:
         hello = torch.zeros(HELLO_WORDS, dtype=torch.int64)
         expect = (self.params.numel(), DTYPE_CODES[self.params.dtype])
         for rank in self.state.workers:
-            msg = self.transport.recv_message(hello, src=rank, kinds=frozenset({MessageKind.HELLO}))
+            try:
+                msg = self.transport.recv_message(
+                    hello, src=rank, kinds=frozenset({MessageKind.HELLO})
+                )
+            except (ConnectionError, TimeoutError) as exc:  # died or stopped before its HELLO
+                if not self.tolerant:
+                    raise
+                self.give_up(rank, f"lost before its first exchange: {str(exc)[:200]}")
+                continue
             if msg.header.length != HELLO_WORDS:
                 raise TetherError(
                     f"worker rank {rank} sent a HELLO of {msg.header.length} words, not "
@@ -134,8 +146,9 @@ class ServerEndpoint:
                 )
         for rank in self.state.workers:
             self.state.local_steps[rank] = step  # where every worker starts (resume: not 0)
-            self.lines.post(rank, initial, MessageKind.PARAMS, 0)
-        for rank in self.state.workers:
+            if rank not in self.state.lost:
+                self.lines.post(rank, initial, MessageKind.PARAMS, 0)
+        for rank in self.state.active:
             watcher = threading.Thread(target=self._watch, args=(rank,), daemon=True)
             self._threads["watch", rank] = watcher
             watcher.start()
