@@ -10,6 +10,8 @@ the same operations in the same order up to the association of 2-term sums).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,81 +278,61 @@ def test_handshake_refuses_a_worker_with_another_model() -> None:
     assert "worker rank 2 has a model of" in message and "same --model" in message
 
 
-def _step_jumper(rank: int, world: int) -> dict:
-    """Worker 2 sends one exchange claiming a million steps; worker 1 trains normally."""
+def _broken_worker_2(rank: int, broken: Callable[[Any], None], start_broken: bool = True) -> dict:
+    """async-easgd on 3 ranks: the server serves, worker 1 trains normally, and worker 2 runs
+    ``broken(method)`` instead (after its start, unless ``start_broken`` is False)."""
     cls = METHODS.get("async-easgd")
-    transport = TorchTransport()
-    method = cls(_model(), MethodContext(_config(), transport, torch.device("cpu")))
-    method.start()
+    method = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
+    if rank != 2 or start_broken:
+        method.start()
     if rank == 0:
         result = method.serve(RecordingHooks())
         return {"lost": dict(result.lost_workers), "global_step": result.global_step}
     if rank == 2:
-        method.wire.send_message(method.flat, 0, MessageKind.PARAMS, step=1_000_000)
+        broken(method)
         return {}
     for step in range(STEPS):
         cross_entropy_step(method, *_batch(step, 0, 2))
     method.finish(PhaseTotals())
     return {"steps": method.local_step}
+
+
+def _step_jumper(rank: int, world: int) -> dict:
+    """Worker 2 sends one exchange claiming a million steps."""
+    return _broken_worker_2(
+        rank, lambda m: m.wire.send_message(m.flat, 0, MessageKind.PARAMS, step=1_000_000)
+    )
 
 
 def _nan_goodbye(rank: int, world: int) -> dict:
-    """Worker 2 says goodbye with NaN totals; worker 1 trains normally. int() of a NaN crashed
-    the server's thread, and with it every healthy worker."""
-    cls = METHODS.get("async-easgd")
-    method = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
-    method.start()
-    if rank == 0:
-        result = method.serve(RecordingHooks())
-        return {"lost": dict(result.lost_workers)}
-    if rank == 2:
-        bad = torch.full((TOTALS_WORDS,), float("nan"), dtype=torch.float64)
-        method.wire.send_message(bad, 0, MessageKind.STOP, step=0)
-        return {}
-    for step in range(STEPS):
-        cross_entropy_step(method, *_batch(step, 0, 2))
-    method.finish(PhaseTotals())
-    return {"steps": method.local_step}
+    """Worker 2 says goodbye with NaN totals: int() of a NaN crashed the server's thread, and
+    with it every healthy worker."""
+    bad = torch.full((TOTALS_WORDS,), float("nan"), dtype=torch.float64)
+    return _broken_worker_2(rank, lambda m: m.wire.send_message(bad, 0, MessageKind.STOP, step=0))
 
 
 def _lost_before_hello(rank: int, world: int) -> dict:
-    """Worker 2 connects and is gone before its HELLO; worker 1 trains normally. The server's
-    handshake failed the whole run, the healthy worker with it."""
-    cls = METHODS.get("async-easgd")
-    method = cls(_model(), MethodContext(_config(), TorchTransport(), torch.device("cpu")))
-    if rank == 2:
+    """Worker 2 connects and is gone before its HELLO: the server's handshake failed the whole
+    run, the healthy worker with it."""
+
+    def connect_and_go(method: Any) -> None:
         method.open_wire()
         method.wire.close()
-        return {}
-    method.start()
-    if rank == 0:
-        result = method.serve(RecordingHooks())
-        return {"lost": dict(result.lost_workers)}
-    for step in range(STEPS):
-        cross_entropy_step(method, *_batch(step, 0, 2))
-    method.finish(PhaseTotals())
-    return {"steps": method.local_step}
+
+    return _broken_worker_2(rank, connect_and_go, start_broken=False)
 
 
-def test_a_worker_lost_before_its_hello_is_given_up_and_the_run_goes_on(
-    server_group: list[dict],
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("lost-before-hello", "lost before its first exchange"),
+        ("nan-goodbye", "protocol: its goodbye's totals are negative or not finite"),
+        ("step-jumper", "protocol: its step went from 0 to 1000000"),
+    ],
+)
+def test_a_broken_worker_is_given_up_and_the_run_goes_on(
+    server_group: list[dict], case: str, reason: str
 ) -> None:
-    server, worker, _ = (r["lost-before-hello"] for r in server_group)
-    assert server["lost"][2].startswith("lost before its first exchange"), server["lost"]
-    assert worker["steps"] == STEPS
-
-
-def test_a_goodbye_with_broken_totals_is_given_up_and_the_run_goes_on(
-    server_group: list[dict],
-) -> None:
-    server, worker, _ = (r["nan-goodbye"] for r in server_group)
-    assert "protocol: its goodbye's totals are negative or not finite" in server["lost"][2]
-    assert worker["steps"] == STEPS
-
-
-def test_a_worker_whose_step_jumps_is_given_up_and_the_run_goes_on(
-    server_group: list[dict],
-) -> None:
-    server, worker, _ = (r["step-jumper"] for r in server_group)
-    assert "protocol: its step went from 0 to 1000000" in server["lost"][2]
+    server, worker, _ = (r[case] for r in server_group)
+    assert reason in server["lost"][2], server["lost"]
     assert worker["steps"] == STEPS and server["global_step"] < 1000
