@@ -51,8 +51,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_launch,
         task_from_config,
         uses_import_paths,
-        warn_ignored,
     )
+    from tether.ignored_settings import warn_ignored
     from tether.methods import METHODS
     from tether.observe.summary import run_summary_text
     from tether.runner import launch_training

@@ -15,10 +15,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from tether.catalog import IgnoredSettingWarning, warn_ignored
 from tether.cli import OneLineParser
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.ignored_settings import IgnoredSettingWarning, warn_ignored
 from tether.launch.env import DistEnv
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from tether.catalog import IgnoredSettingWarning, check_names, ignored_settings, method_defaults
+from tether.catalog import check_names, method_defaults
 from tether.catalog import resolve_config as catalog_resolve
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
+from tether.ignored_settings import IgnoredSettingWarning, ignored_settings
 from tether.methods import METHODS
 from tether.methods.default_rates import damped_step, describe_rate
 from tether.targets import Target, parse_target, target_text

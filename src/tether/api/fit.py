@@ -38,11 +38,11 @@ from tether.catalog import (
     named_metrics,
     optimizer_factory,
     schedule_factory,
-    warn_ignored,
 )
 from tether.config import TrainConfig
 from tether.config_sources import load_toml, resolve_config
 from tether.errors import TetherError
+from tether.ignored_settings import warn_ignored
 from tether.runner import launch_training
 from tether.targets import target_text
 from tether.training.model_parallel import check_plan_on_model, plan_option

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from tether.api.context import Context
-from tether.catalog import check_names, method_defaults, warn_ignored
+from tether.catalog import check_names, method_defaults
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
 from tether.errors import TetherError
+from tether.ignored_settings import warn_ignored
 from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
 from tether.launch.worker import (
     init_process_group,

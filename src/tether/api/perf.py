@@ -24,9 +24,10 @@ from torch import nn
 
 from tether.catalog import method_defaults
 from tether.errors import TetherError
-from tether.perf.predict import Prediction, Setup, scaling
+from tether.perf.predict import Prediction, Setup
 from tether.perf.predict import predict as _predict
 from tether.perf.profile import HardwareProfile, load_profile
+from tether.perf.scaling import scaling
 from tether.perf.simulator import SimulationConfig, SimulationResult, WorkerSpeeds
 from tether.perf.simulator import simulate as _simulate
 from tether.perf.workload import Workload

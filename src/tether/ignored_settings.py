@@ -1,0 +1,97 @@
+"""Settings the run will not use: one warning for each key the user set that the chosen method
+(or the user's own optimizer, schedule or loss) ignores, e.g. ``--momentum`` with sync-easgd,
+whose workers take plain SGD steps as in SC17, or a warm-up given with a schedule of one's own.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+from tether.config import TrainConfig
+from tether.imports import is_import_path
+from tether.methods import METHOD_SETTINGS, METHODS
+from tether.training.build import uses_momentum
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting that has no effect with the chosen method (or components)."""
+
+
+_MOMENTUM_HINT = {
+    "sync-easgd": "its workers take plain SGD steps, as in the paper",
+    "original-easgd": "its workers take plain SGD steps, as in the paper",
+    "async-easgd": "its workers take plain SGD steps, as in the paper",
+    "hogwild-easgd": "its workers take plain SGD steps, as in the paper",
+    "hogwild-sgd": "its workers take plain SGD steps",
+    "async-sgd": "its server applies plain SGD; async-msgd keeps momentum on the server",
+}
+
+
+# what a user's own optimizer or schedule (an object, or an import path) sets for itself
+OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta")
+OWN_SCHEDULE_KEYS = (
+    "warmup_steps",
+    "warmup_epochs",
+    "lr_decay_every",
+    "lr_decay",
+    "lr_decay_power",
+)
+
+
+def ignored_settings(
+    config: TrainConfig, given: Iterable[str], supplied: Iterable[str] = ()
+) -> list[str]:
+    """One message per setting in ``given`` (keys the user set) that the run will not use.
+    ``supplied``: the components that are the user's own objects (``optimizer``,
+    ``lr_schedule``, ``loss``), which take none of the settings of the named ones."""
+    method = METHODS.get(config.method)
+    messages = []
+    optimizer_named = config.optimizer != "auto"
+    own = {
+        key
+        for key in ("optimizer", "lr_schedule", "loss")
+        if key in supplied or is_import_path(getattr(config, key))
+    }
+    for key in sorted(set(given)):
+        if key in OWN_OPTIMIZER_KEYS and "optimizer" in own:
+            messages.append(f"{key} has no effect: your own optimizer sets its own")
+        elif key in OWN_SCHEDULE_KEYS and "lr_schedule" in own:
+            messages.append(
+                f"{key} has no effect: your own schedule (lr_schedule) is the whole one"
+            )
+        elif key == "momentum":
+            if not uses_momentum(config):
+                why = (
+                    f"the {config.optimizer} optimizer has no momentum setting"
+                    if optimizer_named
+                    else _MOMENTUM_HINT.get(config.method, "it does not use momentum")
+                )
+                messages.append(
+                    f"{config.method} ignores momentum: {why} (--optimizer sgd uses it)"
+                    if not optimizer_named
+                    else f"momentum has no effect: {why}"
+                )
+        elif key == "nesterov" and config.optimizer != "sgd":
+            messages.append("nesterov applies to --optimizer sgd only")
+        elif key in METHOD_SETTINGS and key not in method.settings:
+            users = [n for n in METHODS if key in METHODS.get(n).settings]
+            messages.append(f"{config.method} ignores {key} (it applies to {', '.join(users)})")
+        elif key == "label_smoothing" and (config.loss != "cross-entropy" or "loss" in own):
+            messages.append("label_smoothing applies to the named loss cross-entropy only")
+        elif key in ("lr_decay_every", "lr_decay") and config.lr_schedule != "step":
+            messages.append(f"{key} applies to --lr-schedule step only")
+        elif key == "lr_decay_power" and config.lr_schedule != "poly":
+            messages.append("lr_decay_power applies to --lr-schedule poly only")
+        elif key == "lars_eta" and config.optimizer != "lars":
+            messages.append("lars_eta applies to --optimizer lars only")
+        elif key == "parallel_plan" and config.model_parallel == 1:
+            messages.append("parallel_plan applies with model_parallel > 1 only")
+    return messages
+
+
+def warn_ignored(
+    config: TrainConfig, given: Iterable[str], stacklevel: int = 2, supplied: Iterable[str] = ()
+) -> None:
+    for message in ignored_settings(config, given, supplied):
+        warnings.warn(message, IgnoredSettingWarning, stacklevel=stacklevel + 1)
