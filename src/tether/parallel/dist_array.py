@@ -68,6 +68,26 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
 _LINEAR_IN_SCALARS = frozenset({"mul", "div"})  # partial sums stay partial sums
 
 
+def _layout_arithmetic(name: str, reflected: bool = False) -> Callable[[Any, Any], Any]:
+    """``self <op> other`` (or ``other <op> self``) by :func:`_arithmetic`'s layout rules."""
+
+    def method(self: Any, other: Any) -> Any:
+        return _arithmetic(name, other, self) if reflected else _arithmetic(name, self, other)
+
+    return method
+
+
+def _on_whole(op: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    """``op`` on the whole tensor (and on the whole of any array among the other operands)."""
+
+    def method(self: Any, *others: Any) -> Any:
+        if reflected:
+            return op(DistArray.whole(others[0]), self.full())
+        return op(self.full(), *DistArray.whole(others))
+
+    return method
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a tensor is spread over a group: ``sharded`` (equal slices along ``dim``, in rank
@@ -300,27 +320,43 @@ class DistArray:
             )
         return getattr(self.full(), name)
 
-    # -- arithmetic --------------------------------------------------------------------------
-    def __add__(self, other: Any) -> Any:
-        return _arithmetic("add", self, other)
-
-    def __radd__(self, other: Any) -> Any:
-        return _arithmetic("add", other, self)
-
-    def __sub__(self, other: Any) -> Any:
-        return _arithmetic("sub", self, other)
-
-    def __rsub__(self, other: Any) -> Any:
-        return _arithmetic("sub", other, self)
-
-    def __mul__(self, other: Any) -> Any:
-        return _arithmetic("mul", self, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return _arithmetic("mul", other, self)
-
-    def __truediv__(self, other: Any) -> Any:
-        return _arithmetic("div", self, other)
+    # -- operators ---------------------------------------------------------------------------
+    # Python looks operators up on the type, not through __getattr__, so each is spelled out.
+    # + - * / keep a layout where they can (_arithmetic); every other operator (powers,
+    # indexing, comparisons, ...) takes the whole tensor, as an unknown torch function does.
+    __add__ = _layout_arithmetic("add")
+    __radd__ = _layout_arithmetic("add", reflected=True)
+    __sub__ = _layout_arithmetic("sub")
+    __rsub__ = _layout_arithmetic("sub", reflected=True)
+    __mul__ = _layout_arithmetic("mul")
+    __rmul__ = _layout_arithmetic("mul", reflected=True)
+    __truediv__ = _layout_arithmetic("div")
+    __rtruediv__ = _on_whole(operator.truediv, reflected=True)
+    __pow__ = _on_whole(operator.pow)
+    __rpow__ = _on_whole(operator.pow, reflected=True)
+    __matmul__ = _on_whole(operator.matmul)
+    __rmatmul__ = _on_whole(operator.matmul, reflected=True)
+    __floordiv__ = _on_whole(operator.floordiv)
+    __rfloordiv__ = _on_whole(operator.floordiv, reflected=True)
+    __mod__ = _on_whole(operator.mod)
+    __rmod__ = _on_whole(operator.mod, reflected=True)
+    __and__ = _on_whole(operator.and_)
+    __rand__ = _on_whole(operator.and_, reflected=True)
+    __or__ = _on_whole(operator.or_)
+    __ror__ = _on_whole(operator.or_, reflected=True)
+    __xor__ = _on_whole(operator.xor)
+    __rxor__ = _on_whole(operator.xor, reflected=True)
+    __getitem__ = _on_whole(operator.getitem)
+    __abs__ = _on_whole(operator.abs)
+    __pos__ = _on_whole(operator.pos)
+    __invert__ = _on_whole(operator.invert)
+    __lt__ = _on_whole(operator.lt)
+    __le__ = _on_whole(operator.le)
+    __gt__ = _on_whole(operator.gt)
+    __ge__ = _on_whole(operator.ge)
+    __eq__ = _on_whole(operator.eq)  # elementwise, as a tensor's
+    __ne__ = _on_whole(operator.ne)
+    __hash__ = object.__hash__  # still a usable key, its == being elementwise
 
     def __neg__(self) -> Any:
         return _arithmetic("mul", self, -1)
@@ -350,59 +386,3 @@ def _arithmetic(name: str, left: Any, right: Any) -> Any:
                 local = op(array.local, number) if array is left else op(number, array.local)
                 return array._keep(local)
     return op(DistArray.whole(left), DistArray.whole(right))
-
-
-# Python looks operators up on the type, not through __getattr__: the others (powers, indexing,
-# comparisons, ...) are spelled out here, each on the whole tensor (always right; it costs the
-# gather or reduction the expression asks for), so that forward code runs on a split activation
-# as written.
-_WHOLE_OPERATORS: dict[str, Callable[..., Any]] = {
-    "__pow__": operator.pow,
-    "__matmul__": operator.matmul,
-    "__floordiv__": operator.floordiv,
-    "__mod__": operator.mod,
-    "__getitem__": operator.getitem,
-    "__abs__": operator.abs,
-    "__pos__": operator.pos,
-    "__invert__": operator.invert,
-    "__lt__": operator.lt,
-    "__le__": operator.le,
-    "__gt__": operator.gt,
-    "__ge__": operator.ge,
-    "__eq__": operator.eq,
-    "__ne__": operator.ne,
-    "__and__": operator.and_,
-    "__or__": operator.or_,
-    "__xor__": operator.xor,
-}
-_REFLECTED_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
-    "__rpow__": operator.pow,
-    "__rtruediv__": operator.truediv,
-    "__rmatmul__": operator.matmul,
-    "__rfloordiv__": operator.floordiv,
-    "__rmod__": operator.mod,
-    "__rand__": operator.and_,
-    "__ror__": operator.or_,
-    "__rxor__": operator.xor,
-}
-
-
-def _on_whole(op: Callable[..., Any]) -> Callable[..., Any]:
-    def method(self: DistArray, *others: Any) -> Any:
-        return op(self.full(), *DistArray.whole(others))
-
-    return method
-
-
-def _on_whole_reflected(op: Callable[[Any, Any], Any]) -> Callable[[DistArray, Any], Any]:
-    def method(self: DistArray, other: Any) -> Any:
-        return op(DistArray.whole(other), self.full())
-
-    return method
-
-
-for _name, _op in _WHOLE_OPERATORS.items():
-    setattr(DistArray, _name, _on_whole(_op))
-for _name, _op in _REFLECTED_OPERATORS.items():
-    setattr(DistArray, _name, _on_whole_reflected(_op))
-DistArray.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
