@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from tether.config import TrainConfig
 from tether.observe.metrics import MetricsLog
 from tether.observe.progress import progress_bar
@@ -33,8 +35,8 @@ class ServerProgress:
     """Progress bar, evaluations, checkpoints and worker losses of a server's run.
 
     ``evaluate(step)`` evaluates and records (the trainer's), ``checkpoint(step)`` saves,
-    ``clock()`` is the run's training clock (as the evaluations' ``time_s``); ``tensorboard``
-    is the run's writer or None."""
+    ``clock()`` is the run's training clock (as the evaluations' ``time_s``), ``parameters()``
+    the served model's parameters, flat; ``tensorboard`` is the run's writer or None."""
 
     def __init__(
         self,
@@ -47,12 +49,15 @@ class ServerProgress:
         evaluate: Callable[[int], dict[str, float]],
         checkpoint: Callable[[int], None],
         clock: Callable[[], float],
+        parameters: Callable[[], torch.Tensor],
     ) -> None:
         self.config = config
         self.record = record
         self.metrics = metrics
         self.tensorboard = tensorboard
-        self.evaluate = evaluate
+        self._evaluate = evaluate
+        self.parameters = parameters  # the served model's, flat
+        self.evaluated: torch.Tensor | None = None  # the parameters last evaluated
         self.checkpoint = checkpoint
         self.clock = clock
         self.eval_every = eval_every
@@ -65,6 +70,26 @@ class ServerProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Evaluate the served model at ``step``, remembering the parameters it scored."""
+        self.evaluated = self.parameters().clone()
+        return self._evaluate(step)
+
+    def evaluate_last(self, step: int) -> None:
+        """The final evaluation, of the model that is saved. An evaluation at this step may
+        already be there, but the weights can have moved since (exchanges that arrive between
+        two global steps move them without advancing the count): evaluated again only then,
+        replacing that entry and the time to target it may have set (the same numbers twice
+        cost a second evaluation and a second line)."""
+        previous = self.record.history[-1] if self.record.history else None
+        if previous is not None and previous["step"] == step:
+            if self.evaluated is not None and torch.equal(self.evaluated, self.parameters()):
+                return
+            self.record.history.pop()
+            if self.record.time_to_target == previous["time_s"]:
+                self.record.time_to_target = None
+        self.evaluate(step)
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
         """A worker's mean training loss over its last ``steps`` local steps, logged at the

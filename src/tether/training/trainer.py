@@ -147,7 +147,6 @@ class Trainer:
             self.run_dir, self.world, self.method, self.grid, identity, config.checkpoint_every
         )
         self.record = RunRecord()
-        self._served_weights: torch.Tensor | None = None  # what the server last evaluated
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
         self.scoring.fix_metrics()
@@ -220,30 +219,20 @@ class Trainer:
             self.eval_every,
             self.metrics,
             self.tensorboard,
-            self._evaluate_served,
+            self._evaluate,
             self._checkpoint,
             self._training_clock,
+            # buffers left out: an evaluation recomputes a center's batch-norm statistics
+            lambda: torch.cat(
+                [p.detach().reshape(-1) for p in self.method.eval_model().parameters()]
+            ),
         )
         try:
             result = self.method.serve(hooks)
         finally:
             hooks.close()
         last = max(result.global_step, self.record.start_step)
-        # The center (or the weights) may have moved since the last evaluation at this step:
-        # exchanges that arrive between two global steps move it without advancing the count.
-        # The final entry is the model that is saved: evaluated again only if it moved (the same
-        # numbers twice cost a second evaluation and a second line), replacing the earlier
-        # entry and the time to target that entry may have set.
-        previous = self.record.history[-1] if self.record.history else None
-        if previous is None or previous["step"] != last:
-            self._evaluate(last)
-        elif self._served_weights is None or not torch.equal(
-            self._served_weights, self._served_parameters()
-        ):
-            self.record.history.pop()
-            if self.record.time_to_target == previous["time_s"]:
-                self.record.time_to_target = None
-            self._evaluate(last)
+        hooks.evaluate_last(last)
         model_state = self.method.eval_model().state_dict()
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         failure: WorkerFailure | None = None
@@ -352,16 +341,6 @@ class Trainer:
         write_rank_file(self.run_dir, self.rank, self.timeline)
         if merge:
             merge_timeline(self.run_dir)
-
-    def _served_parameters(self) -> torch.Tensor:
-        """The served model's parameters, flat (buffers left out: an evaluation recomputes a
-        center's batch-norm statistics from them)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.method.eval_model().parameters()])
-
-    def _evaluate_served(self, step: int) -> dict[str, float]:
-        """The server's evaluation, remembering the parameters it scored."""
-        self._served_weights = self._served_parameters().clone()
-        return self._evaluate(step)
 
     def _evaluate(self, step: int) -> dict[str, float]:
         with self.timeline.span("evaluate", "eval", step=step):
