@@ -9,15 +9,14 @@ a failed worker prints which rank failed and why and exits with code 1.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tether.batch_notes import batch_text
 from tether.config import TrainConfig
-from tether.config_sources import held_batch_size
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
 from tether.train_options import add_train_options, config_from_args, given_values
@@ -28,21 +27,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"tether: error: {message} (see `{self.prog} --help`)\n")
-
-
-def batch_text(config: TrainConfig, given: set[str]) -> str:
-    """The run's per-worker batch for its first line, saying so when the method's defaults
-    shrank it (``global_batch_max``: a user who did not ask for 16 is told why). A resumed run
-    keeps its batch, whoever chose it, and is not told."""
-    text = f"batch {config.batch_size} per worker"
-    if config.resume:
-        return text
-    default = TrainConfig.batch_size
-    held = held_batch_size(dataclasses.replace(config, batch_size=default))
-    if "batch_size" not in given and config.batch_size == held != default:
-        holder = "you hold the" if "global_batch_max" in given else "the method holds its"
-        text += f" ({holder} global batch at {config.global_batch_max}; --batch-size)"
-    return text
 
 
 def cmd_train(args: argparse.Namespace) -> int:

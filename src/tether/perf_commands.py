@@ -165,41 +165,9 @@ def _workload_for(config: TrainConfig, profile_path: str):
     return workload
 
 
-def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str | None:
-    """A line for predictions at the default batch where ``tether train``'s defaults would run
-    another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
-    batch beyond 2 workers, and a prediction at 64 is then not the run the user would get.
-    Consecutive counts with one batch are a range (a weak-scaling curve: 16 on 8 to 4096)."""
-    from tether.catalog import resolve_config
-
-    held = []
-    for method in methods:
-        spans: list[tuple[int, int, int]] = []  # (first count, last count, batch)
-        for p in sorted(set(counts)):
-            trained = resolve_config(None, {"method": method, "workers": p}).batch_size
-            if trained == batch:
-                continue
-            if spans and spans[-1][2] == trained:
-                spans[-1] = (spans[-1][0], p, trained)
-            else:
-                spans.append((p, p, trained))
-        if spans:
-            where = ", ".join(
-                f"{b} on {first}" if first == last else f"{b} on {first} to {last}"
-                for first, last, b in spans
-            )
-            held.append(f"{method}: {where} workers")
-    if not held:
-        return None
-    return (
-        f"note: these predictions are at batch {batch} per worker; tether train's defaults "
-        f"would run {'; '.join(held)} (the method holds its global batch): --batch-size N "
-        "predicts another batch"
-    )
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
     from tether.api.perf import method_tau, predict, predict_scaling
+    from tether.batch_notes import held_batches_note
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
     from tether.perf.predict import PREDICTED_METHODS
     from tether.perf.profile import load_profile

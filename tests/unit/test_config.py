@@ -340,7 +340,7 @@ def test_fit_resume_keeps_the_runs_batch_on_another_worker_count(tmp_path: Path)
 
 
 def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
-    from tether.cli import batch_text
+    from tether.batch_notes import batch_text
 
     held = catalog_resolve(None, {"method": "async-easgd", "workers": 8})
     assert batch_text(held, set()) == (
