@@ -119,13 +119,11 @@ def fit(
     Raises :class:`~tether.errors.TetherError` (one line, before any worker starts) for bad
     input, and :class:`~tether.errors.WorkerFailure` when a worker fails.
     """
-    config, given = _config(
+    config, given, supplied = _config(
         model, train_data, loss, optimizer, scheduler, metrics, method, workers, epochs,
         batch_size, out, target, log, resume, options,
     )  # fmt: skip
-    parts = (("optimizer", optimizer), ("lr_schedule", scheduler), ("loss", loss))
-    own = [key for key, part in parts if callable(part)]
-    warn_ignored(config, given, stacklevel=2, supplied=own)
+    warn_ignored(config, given, stacklevel=2, supplied=supplied)
     task = _task(config, model, train_data, eval_data, loss, optimizer, scheduler, metrics)
     # loader_workers (a config key, as --loader-workers) is the loader's num_workers unless the
     # loader options name one
@@ -165,7 +163,7 @@ def check_fit(
     """What :func:`fit` with these arguments would refuse before starting a worker (the config,
     the launch, the global batch against the data set), raised without running anything: for
     a caller about to start many runs (``tether.calibrate``) to fail in one line at once."""
-    config, _ = _config(
+    config, _, _ = _config(
         model, train_data, loss, optimizer, None, None, method, workers, 1, batch_size, None,
         None, None, False, options,
     )  # fmt: skip
@@ -190,8 +188,9 @@ def _config(
     log: str | None,
     resume: bool,
     options: Mapping[str, Any],
-) -> tuple[TrainConfig, set[str]]:
-    """The run's config, and the keys the caller set (for the ignored-setting warnings)."""
+) -> tuple[TrainConfig, set[str], set[str]]:
+    """The run's config, the keys the caller set (for the ignored-setting warnings) and the
+    components it gave as objects rather than names."""
     values: dict[str, Any] = {
         "method": method,
         "workers": workers,
@@ -247,7 +246,7 @@ def _config(
     }
     check_names(config, supplied=supplied)
     given = set(options) - {"progress"}
-    return config, given
+    return config, given, supplied
 
 
 def _target(target: Any) -> str:

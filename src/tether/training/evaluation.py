@@ -90,6 +90,10 @@ class Evaluator:
         self.names = ["loss", *self._chosen]
         return self.names
 
+    def names_for(self, outputs: Any, targets: Any) -> list[str]:
+        """What an evaluation of a model giving ``outputs`` for ``targets`` reports."""
+        return ["loss", *self._metrics(outputs, targets)]
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
         """``{"loss": mean loss, name: mean metric, ...}`` over ``batches``."""

@@ -101,7 +101,7 @@ def probe_task(
                     float(value)
                 except Exception as exc:
                     raise TetherError(f"metric {name!r} failed: {_first_line(exc)}") from None
-            evaluated = Evaluator(objective, task.metrics).fix_metrics(model, batch)
+            evaluated = Evaluator(objective, task.metrics).names_for(result.outputs, result.targets)
     if target is not None:
         if task.eval_data is None:
             raise TetherError(f"target {target} needs eval_data: without it nothing is evaluated")
