@@ -23,6 +23,7 @@ import ast
 import fcntl
 import multiprocessing
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +44,7 @@ from tether.launch.spawn import run_spawned
 from tether.methods import METHODS, MethodContext, Placement
 from tether.methods.flat import flatten_parameters
 from tether.methods.hogwild_base import single_node
-from tether.methods.hogwild_easgd import HogwildEASGD
+from tether.methods.hogwild_easgd import EXCHANGE_CHANNEL, HogwildEASGD
 from tether.methods.hogwild_sgd import HogwildSGD
 from tether.models import build_model
 from tether.observe.metrics import PhaseTotals
@@ -250,11 +251,38 @@ def _check_stop(phase: list[dict], stop_at: int) -> None:
         assert worker["stop_requested"] and worker["steps"] < FOREVER
 
 
+def _short_exchange(rank: int, world: int) -> dict:
+    """Threaded hogwild-easgd where worker 2's exchange is one element short (the receive
+    buffer takes any length up to the model's): its server thread failed on the subtraction,
+    read that as a closed connection and left quietly, and the run waited out the stillness
+    timeout. Now the thread gives the worker up for it at once; worker 1 trains on."""
+    transport = TorchTransport(dist.new_group(list(range(world))))
+    config = _config(timeout_s=10.0)
+    method = _Threaded(_model(), MethodContext(config, transport, torch.device("cpu")))
+    method.start()
+    out: dict = {}
+    if rank == 0:
+        started = time.monotonic()
+        result = method.serve(RecordingHooks())
+        out = {"lost": dict(result.lost_workers), "served_s": time.monotonic() - started}
+    elif rank == 1:
+        for _ in range(4 * TAU):
+            cross_entropy_step(method, *_batch(rank, method.local_step))
+        method.finish(PhaseTotals())
+        out = {"steps": method.local_step}
+    else:
+        short = method.flat[:-1]
+        method.wire.send_message(short, 0, MessageKind.PARAMS, TAU, EXCHANGE_CHANNEL)
+    transport.barrier()
+    return out
+
+
 def _all_phases(rank: int, world: int) -> dict:
     return {
         "sgd": _hogwild_sgd(rank, world),
         "shared-memory": _hogwild_easgd(rank, world, HogwildEASGD),
         "threads": _hogwild_easgd(rank, world, _Threaded),
+        "short": _short_exchange(rank, world),
     }
 
 
@@ -343,3 +371,11 @@ class _Forced(HogwildEASGD):
 
 def test_the_class_attribute_forces_the_mode() -> None:
     assert _Forced(_model(), _fake_context(2, local_world_size=1)).use_shared
+
+
+def test_a_short_exchange_gives_its_worker_up_and_the_run_goes_on(phases: list[dict]) -> None:
+    server, worker, _ = (r["short"] for r in phases)
+    elements = _flat(_model()).numel()
+    assert f"its PARAMS has {elements - 1} elements, not {elements}" in server["lost"][2]
+    assert 1 not in server["lost"] and worker["steps"] == 4 * TAU
+    assert server["served_s"] < 5.0  # given up at once, not after the 10 s stillness timeout

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from tether.comm.header import MessageKind
+from tether.comm.header import MessageKind, ProtocolError
 from tether.errors import TetherError
 from tether.methods.base import Backward, StepTimes
 from tether.methods.default_rates import own_batch_rate
@@ -128,6 +128,7 @@ class HogwildEASGD(HogwildMethod):
         if msg.header.kind is MessageKind.STOP:
             self.link.stop_requested = True
         else:
+            self._check_whole(msg.header.length, "the server's DELTA")
             self.flat.sub_(msg.payload, alpha=self.alpha)
             self.advance_schedule(msg.header.step)
 
@@ -148,6 +149,7 @@ class HogwildEASGD(HogwildMethod):
             if msg.header.kind is MessageKind.STOP:
                 self.link.stop_requested = True
             else:
+                self._check_whole(msg.header.length, "the server's center")
                 flatten_parameters(self._center_copy, storage=msg.payload)
         return self._center_copy
 
@@ -201,6 +203,8 @@ class HogwildEASGD(HogwildMethod):
                 if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
                     self._send(self.flat.clone(), rank, MessageKind.PARAMS)  # a still copy
                     continue
+                if msg.header.kind is MessageKind.PARAMS:
+                    self._check_whole(msg.header.length, "its PARAMS")
                 last, step = self._steps[slot], msg.header.step
                 if not last <= step <= last + self.tau:  # a worker takes tau steps per message
                     self.server.give_up(rank, f"protocol: its step went from {last} to {step}")
@@ -223,6 +227,13 @@ class HogwildEASGD(HogwildMethod):
             self.server.give_up(rank, f"protocol: {exc}")
         except Exception:
             return  # the worker's connection closed: its liveness watch reports the loss
+
+    def _check_whole(self, length: int, what: str) -> None:
+        """A vector message must hold the whole model: a shorter one (the receive buffer takes
+        any length up to it) would fail the exchange's arithmetic half-way, or (a view) silently
+        leave part of the model behind."""
+        if length != self.flat.numel():
+            raise ProtocolError(f"{what} has {length} elements, not {self.flat.numel()}")
 
     def _send(self, payload: torch.Tensor, rank: int, kind: MessageKind) -> None:
         """Reply on the exchange channel, with the run's global step in the header (the worker's
