@@ -1,8 +1,11 @@
-"""metrics.jsonl on resume: what a resumed run will write again is dropped first."""
+"""metrics.jsonl: every line survives its writer being killed; on resume, what the resumed run
+will write again is dropped first."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from tether.observe.metrics import truncate_metrics
@@ -26,3 +29,23 @@ def test_a_resume_drops_what_came_after_its_checkpoint(tmp_path: Path) -> None:
     assert kept == [records[0], records[1], records[3], records[4]]
     truncate_metrics(tmp_path / "none.jsonl", 10)  # no file yet: nothing to do
     assert not (tmp_path / "none.jsonl").exists()
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from tether.observe.metrics import MetricsLog
+log = MetricsLog(Path(sys.argv[1]))
+for step in range(3):
+    log.write({"step": step, "loss": 1.0})
+os.kill(os.getpid(), signal.SIGKILL)  # no flush, no close: as a rank killed mid-run
+"""
+
+
+def test_a_killed_writer_loses_no_line(tmp_path: Path) -> None:
+    """The step lines were block-buffered until the next evaluation: rank 0 killed between two
+    evaluations took up to a quarter epoch of them with it."""
+    path = tmp_path / "metrics.jsonl"
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], timeout=60)
+    assert done.returncode == -9
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]

@@ -66,7 +66,9 @@ class MetricsLog:
         self._file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a" if append else "w")
+            # Line-buffered: each record reaches the OS as it is written (a write call per step,
+            # microseconds), so a rank killed outright loses none of its step lines.
+            self._file = path.open("a" if append else "w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
