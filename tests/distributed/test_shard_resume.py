@@ -14,10 +14,16 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   evaluation at step 25 (mid-round) and resumed, it ends bitwise equal to the uninterrupted run.
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
 - async-easgd: a resume with nothing left to do saves exactly the checkpoint's center.
+- async-easgd with momentum SGD in fp16: every worker keeps its own velocity and loss scale
+  across a resume (they started afresh before: momentum from zero, the scale from its initial
+  value).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,7 @@ from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.methods import METHODS, Placement
 from tether.metrics import accuracy
+from tether.training.checkpoint import shard_path
 from tether.training.task import Task
 from tether.training.trainer import Trainer, WorkerRuntime
 
@@ -70,7 +77,11 @@ def _task() -> Task:
     )
 
 
-def _train(run: Path, **change: Any) -> Trainer:
+def _momentum_sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _train(run: Path, optimizer: Any = None, **change: Any) -> Trainer:
     method = change["method"]
     values = {
         "workers": WORLD - METHODS.get(method).server_processes,
@@ -82,7 +93,8 @@ def _train(run: Path, **change: Any) -> Trainer:
         **change,
     }
     runtime = WorkerRuntime(TorchTransport(), CPU, Placement(run_id=run.name))
-    trainer = Trainer(TrainConfig(**values), _task(), runtime)
+    task = dataclasses.replace(_task(), optimizer=optimizer)
+    trainer = Trainer(TrainConfig(**values), task, runtime)
     trainer.run()
     dist.barrier()  # the next run's handshake must not reach this run's server
     return trainer
@@ -128,7 +140,11 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
             "center": _flat(checkpoint["model"]),
         }
     dist.barrier()
-    _train(interrupted, **common, resume=True)
+    said = io.StringIO()  # the server, which has no shard, warned that one was missing
+    with contextlib.redirect_stderr(said):
+        _train(interrupted, **common, resume=True)
+    if rank == 0:
+        out["original-easgd"]["resume_stderr"] = said.getvalue()
     # async-easgd: 10 steps with a checkpoint at the last, then a resume with nothing to do
     run = base / "async-easgd"
     settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 10}
@@ -138,6 +154,17 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
         out["async-easgd"] = {"step": checkpoint["step"], "center": _flat(checkpoint["model"])}
     dist.barrier()
     _train(run, **settings, eval_every=10, resume=True)
+    # async-easgd, momentum SGD: each worker's own velocity and loss scale (growing every 2
+    # clean steps)
+    run = base / "async-easgd-momentum"
+    settings = {"method": "async-easgd", "steps": 12, "tau": 1, "checkpoint_every": 4}
+    settings |= {"precision": "fp16", "loss_scale_growth_interval": 2, "eval_every": 12}
+    _train(run, _momentum_sgd, **settings)
+    saved = torch.load(shard_path(run, rank), weights_only=True) if rank else None
+    dist.barrier()  # every worker has read its save before the resume
+    resumed = _train(run, _momentum_sgd, **settings, resume=True)
+    if rank:
+        out["async-easgd-momentum"] = {"saved": saved, "resumed": resumed.method.optimizer_state()}
     return out
 
 
@@ -192,6 +219,17 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     )
     assert np.array_equal(_saved(whole), _saved(resumed))
     assert _final_metrics(whole) == _final_metrics(resumed)
+    assert "warning" not in served["resume_stderr"], served["resume_stderr"]
     checkpoint = results["async-easgd"]
     assert checkpoint["step"] == 10
     assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])
+    for rank in range(1, WORLD):  # every worker its own save, back in its optimizer
+        own = ranks[rank]["shard-resume"]["async-easgd-momentum"]
+        saved, resumed = own["saved"]["optimizer_only"], own["resumed"]
+        assert saved["scaler"]["scale"] > 65536.0, saved["scaler"]  # grown: not a fresh one
+        assert resumed["scaler"] == saved["scaler"], rank
+        velocities = [s["momentum_buffer"] for s in saved["optimizer"]["state"].values()]
+        assert velocities and any(np.abs(v).sum() > 0 for v in velocities), rank
+        for key, value in saved["optimizer"]["state"].items():
+            resumed_velocity = resumed["optimizer"]["state"][key]["momentum_buffer"]
+            assert np.array_equal(resumed_velocity, value["momentum_buffer"]), (rank, key)

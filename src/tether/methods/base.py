@@ -360,12 +360,23 @@ class TrainingMethod(ABC):
     def state_dict(self) -> dict[str, Any]:
         """Method state beyond the model weights: the optimizer's and scheduler's, and the
         method's own (center variable, counters, ...). Subclasses extend it."""
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        state = self.optimizer_state()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """This rank's optimizer and fp16 loss scale alone: what an asynchronous worker keeps
+        across a resume (its weights come from the server, its schedule from the global step)."""
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # From a rank's own checkpoint shard (see per_rank_state): start() keeps its replica.

@@ -29,8 +29,9 @@ def save_shard(run_dir: Path, rank: int, state: dict[str, Any]) -> None:
     atomic_write(shard_path(run_dir, rank), lambda handle: torch.save(state, handle))
 
 
-def load_shard(run_dir: Path, rank: int, step: int) -> dict[str, Any] | None:
-    """This rank's shard of the checkpoint at ``step``; None when there is none of that step."""
+def load_shard(run_dir: Path, rank: int, step: int | None) -> dict[str, Any] | None:
+    """This rank's shard of the checkpoint at ``step`` (None: of any step); None when there is
+    none of that step."""
     path = shard_path(run_dir, rank)
     if not path.exists():
         return None
@@ -38,7 +39,7 @@ def load_shard(run_dir: Path, rank: int, step: int) -> dict[str, Any] | None:
         shard = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # a torn or foreign file: resume as without shards
         return None
-    if not isinstance(shard, dict) or shard.get("step") != step:
+    if not isinstance(shard, dict) or (step is not None and shard.get("step") != step):
         return None
     return shard
 

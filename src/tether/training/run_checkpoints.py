@@ -5,7 +5,13 @@ workers (original-easgd) write theirs as the round the server checkpoints at end
 barrier: a crash in that moment can leave shards of another step than checkpoint.pt. A resume
 with the same ranks gives every rank its own shard back, all of them or none (a shard of another
 step counts as missing, and rank 0 says so); otherwise every rank starts from rank 0's state
-(EASGD workers from the center): the run goes on, no longer bitwise."""
+(EASGD workers from the center): the run goes on, no longer bitwise.
+
+The workers of the asynchronous methods (no shard of their own: they restart from the server's
+weights, and their schedules follow the global step) keep their local optimizer and fp16 loss
+scale in theirs, saved every ``checkpoint_every`` of their own steps: a resume with the same ranks
+gives each worker its last one back (of its own step, which no other rank's needs to match, as
+these methods never line their workers up)."""
 
 from __future__ import annotations
 
@@ -51,6 +57,8 @@ class RunCheckpoints:
         # shard_after says), at the points the server checkpoints: the server is serving, so
         # there is no barrier; the server's own state is checkpoint.pt itself.
         self.served = method.server_processes > 0
+        # A server's worker without a shard of its own keeps its optimizer and loss scale.
+        self.optimizer_only = self.served and not self.shards
         self.is_writer = world.rank == 0
         self.every = every  # checkpoint_every (None: no checkpoints)
         # The first step at which such a worker saves its shard (moved on by a resume).
@@ -79,6 +87,7 @@ class RunCheckpoints:
             **self.identity,
             "step": step,
             "shards": self.world.world_size if self.shards else 0,
+            "optimizer_shards": self.world.world_size if self.optimizer_only else 0,
             "model": model_state,
             "method": self.method.state_dict(),
             **record.checkpoint_fields(elapsed),
@@ -86,14 +95,19 @@ class RunCheckpoints:
         save_checkpoint(self.run_dir, state)
 
     def save_own(self, step: int) -> None:
-        """This rank's shard: its replica and the method's state (its optimizer's)."""
-        own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+        """This rank's shard: its replica and the method's state (its optimizer's), or for an
+        asynchronous worker its optimizer and loss scale alone."""
+        if self.optimizer_only:
+            own = {"optimizer_only": self.method.optimizer_state()}
+        else:
+            own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
     def save_own_when_due(self, step: int) -> None:
         """A server's worker keeping its own state, after a step the method calls consistent
         (``shard_after``): its shard at the first such step at or after each checkpoint
-        multiple, which is where the server checkpoints (ServerProgress, at round ends)."""
+        multiple, which is where the server checkpoints (ServerProgress, at round ends). An
+        asynchronous worker's optimizer and loss scale: after any step, likewise."""
         if self.every and step >= self.next_own:
             self.save_own(step)
             self.next_own = next_multiple(step, self.every)
@@ -111,8 +125,9 @@ class RunCheckpoints:
             # All ranks or none: a rank without its shard makes every rank start from rank 0's.
             every = torch.tensor([1 if server or shard is not None else 0])
             self.world.all_reduce(every, op="min")
-            shard = shard if bool(every.item()) else None
-            if shard is None and self.is_writer and self.grid is None:
+            complete = bool(every.item())
+            shard = shard if complete else None
+            if not complete and self.is_writer and self.grid is None:
                 print(
                     f"tether: warning: not every rank's checkpoint shard is at step {step} (a "
                     "crash while they were written?): every rank resumes from checkpoint.pt "
@@ -126,6 +141,8 @@ class RunCheckpoints:
                 "same workers and model_parallel; some are missing or were written by another "
                 "grid"
             )
+        if self.optimizer_only and not self.is_writer:
+            self._restore_optimizer(state)
         if shard is not None:
             self.method.model.load_state_dict(shard["model"])
             self.method.load_state_dict({**shard["method"], "own_replica": True})
@@ -133,3 +150,21 @@ class RunCheckpoints:
             self.method.model.load_state_dict(state["model"])
             self.method.load_state_dict(state["method"])
         return RunRecord.resumed(state)
+
+    def _restore_optimizer(self, state: dict[str, Any]) -> None:
+        """An asynchronous worker's optimizer and loss scale, from its own last save, when the
+        run has the same ranks as the checkpoint's (else a worker has no saved state, or
+        another's: a fresh optimizer, as the method's first start)."""
+        if state.get("optimizer_shards") != self.world.world_size:
+            return
+        shard = load_shard(self.run_dir, self.world.rank, None)
+        if shard is None or "optimizer_only" not in shard:
+            return
+        try:
+            self.method.load_optimizer_state(shard["optimizer_only"])
+        except (ValueError, KeyError, RuntimeError) as exc:  # another optimizer than the save's
+            print(
+                f"tether: warning: rank {self.world.rank} starts a fresh optimizer: its saved "
+                f"state does not fit this run's ({exc})",
+                file=sys.stderr,
+            )
