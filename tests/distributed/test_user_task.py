@@ -44,6 +44,7 @@ CHANCE = 0.63  # the majority class's share of the evaluation split
 MARGIN = 0.20  # every method must beat it by this much: >= 83% accuracy
 LR, BATCH, STEPS = 0.01, 16, 60
 WRAP_STEPS, WRAP_BATCH, REL_TOL = 6, 8, 1e-5
+USER_CLIP = 0.05  # well below the gradients' norm: every step is clipped
 CPU = torch.device("cpu")
 SMOOTHED = nn.CrossEntropyLoss(label_smoothing=0.05)  # the user's loss
 
@@ -127,8 +128,11 @@ def _weights(path: Path) -> np.ndarray:
     return torch.cat([t.reshape(-1).float() for t in state.values()]).numpy()
 
 
-def _wrap_loop(rank: int, world: int, method: str, seed: int = 3) -> np.ndarray:
-    """The user's loop of docs/api.md on ``ctx.wrap``: returns the evaluated model's weights."""
+def _wrap_loop(
+    rank: int, world: int, method: str, seed: int = 3, clip: float | None = None
+) -> np.ndarray:
+    """The user's loop of docs/api.md on ``ctx.wrap``: returns the evaluated model's weights.
+    ``clip``: the user clips the gradient's norm between backward and step, as under DDP."""
     train, _ = data()
     config = TrainConfig(method=method, workers=world, batch_size=WRAP_BATCH, seed=seed, lr=0.4)
     env = DistEnv(rank, world, rank, world, "127.0.0.1", None, None)
@@ -145,6 +149,8 @@ def _wrap_loop(rank: int, world: int, method: str, seed: int = 3) -> np.ndarray:
             break
         wrapped.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         wrapped.step()
     flat = torch.cat([p.detach().reshape(-1) for p in ctx.eval_model().parameters()])
     ctx.method.finish(None)  # type: ignore[union-attr]  (the spawn helper ends the group)
@@ -224,13 +230,14 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     )
     _train(base, "named-part", named, steps=20, eval_every=10, resume=True)
     out["wrap-sync-sgd"] = _wrap_loop(rank, world, "sync-sgd")
+    out["wrap-sync-sgd-clipped"] = _wrap_loop(rank, world, "sync-sgd", clip=USER_CLIP)
     out["ddp"] = _ddp(rank, world)
     out["wrap-easgd-a"] = _wrap_loop(rank, world, "sync-easgd")
     out["wrap-easgd-b"] = _wrap_loop(rank, world, "sync-easgd")
     return out
 
 
-def _single_process() -> np.ndarray:
+def _single_process(clip: float | None = None) -> np.ndarray:
     train, _ = data()
     torch.manual_seed(0)
     model = Net()
@@ -241,6 +248,8 @@ def _single_process() -> np.ndarray:
         idx = sampler.global_indices(step)
         opt.zero_grad()
         F.cross_entropy(model(x[idx]), y[idx]).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
@@ -340,10 +349,14 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     )
     assert np.array_equal(named_whole, named_resumed)
     assert not np.array_equal(named_whole, whole)  # the schedules differ: not the same run
-    single = _single_process()
+    single, user_clipped = _single_process(), _single_process(clip=USER_CLIP)
+    assert _rel(user_clipped, single) > 1e-3  # the user's clip was active
     for rank in range(WORLD):
         assert _rel(results[rank]["wrap-sync-sgd"], single) < REL_TOL
         assert _rel(results[rank]["wrap-sync-sgd"], results[rank]["ddp"]) < REL_TOL
+        # Gradients are final when backward returns, as under DDP: a clip there sees the mean
+        # (it raced with the all-reduces still in flight until opt.step()).
+        assert _rel(results[rank]["wrap-sync-sgd-clipped"], user_clipped) < REL_TOL
         assert np.array_equal(results[rank]["wrap-easgd-a"], results[rank]["wrap-easgd-b"])
     assert np.array_equal(results[0]["wrap-easgd-a"], results[1]["wrap-easgd-a"])
     # The wrap loop moved the weights (a loop that did nothing would also be "deterministic").

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.autograd import Variable
 
 from tether.comm.reducer import AllReducer, PendingReduce
 
@@ -84,6 +85,11 @@ class GradientBucketer:
     is launched asynchronously; :meth:`finish` waits for them all and re-arms the countdowns for
     the next backward pass. Buckets are launched strictly in index order on every rank, because
     collectives must be issued in the same order everywhere (the gloo/NCCL contract).
+
+    The first hook of a backward pass queues :meth:`finish` on autograd's engine, which runs it
+    as the pass ends (DDP does the same): the gradients are the group's mean when ``backward()``
+    returns, so code between backward and the optimizer's step (a user's clipping, a second
+    backward that accumulates) sees final gradients, not buffers that all-reduces still write.
     """
 
     def __init__(
@@ -118,6 +124,10 @@ class GradientBucketer:
         # False: nothing is launched during backward; finish() sends every bucket after it
         # (the no-overlap baseline of Shi and Chu's DAG model, T_naive)
         self.overlap = overlap
+        # finish() queued for the end of the current backward pass, and the wait interval of
+        # the last pass it ended (handed to the next finish() call: the step's exposed wait).
+        self._finish_queued = False
+        self._finished: tuple[float, float] | None = None
         self.zero_grad()
         self._arm()
 
@@ -148,7 +158,12 @@ class GradientBucketer:
             assert param.grad is not None
             view.copy_(param.grad)
             param.grad = view
-        if not (self.enabled and self.overlap):
+        if not self.enabled:
+            return
+        if not self._finish_queued:
+            self._finish_queued = True
+            Variable._execution_engine.queue_callback(self._finish_backward)
+        if not self.overlap:
             return
         for b in self._buckets_of_param[index]:
             self._remaining[b] -= 1
@@ -176,12 +191,23 @@ class GradientBucketer:
                     view.copy_(p.grad)
                 p.grad = view
 
+    def _finish_backward(self) -> None:
+        self._finish_queued = False
+        self._finished = self._wait_all()
+
     def finish(self) -> tuple[float, float]:
-        """Launch what is left (parameters unused this step), wait for every bucket's mean.
+        """Launch what is left (parameters unused this step), wait for every bucket's mean; a
+        backward pass that reached the hooks has done so as it ended, and this returns its wait.
 
         Returns when the wait began and ended (``time.perf_counter``): the communication that
         backward did not hide.
         """
+        if self._finished is not None:
+            finished, self._finished = self._finished, None
+            return finished
+        return self._wait_all()
+
+    def _wait_all(self) -> tuple[float, float]:
         if self.flat.is_cuda:  # backward's kernels are the computation, not the wait
             torch.cuda.synchronize(self.flat.device)
         start = time.perf_counter()

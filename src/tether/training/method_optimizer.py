@@ -2,7 +2,8 @@
 
 ``ctx.wrap(model, optimizer)`` returns this in place of the optimizer, so a training loop written
 for one process (``zero_grad``, ``loss.backward()``, ``step``) runs any Tether method unchanged:
-sync-sgd waits for the gradient all-reduce its backward hooks started and then steps; the EASGD
+sync-sgd steps on the mean gradient (its all-reduces, started during backward, have ended
+with it); the EASGD
 methods step and exchange with the center every ``tau`` steps; a parameter-server worker pushes
 its gradient and takes the server's weights. It is a ``torch.optim.Optimizer`` (a learning-rate
 scheduler accepts it) whose ``param_groups`` and ``state`` are the wrapped optimizer's own.
