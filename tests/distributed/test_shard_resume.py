@@ -16,7 +16,7 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
 - async-easgd: a resume with nothing left to do saves exactly the checkpoint's center.
 - async-easgd with momentum SGD in fp16: every worker keeps its own velocity and loss scale
   across a resume (they started afresh before: momentum from zero, the scale from its initial
-  value).
+  value), and its schedule starts at the checkpoint's step, however far (hogwild-easgd's too).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import tether.methods.base as base_module
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.methods import METHODS, Placement
@@ -81,7 +82,11 @@ def _momentum_sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def _train(run: Path, optimizer: Any = None, **change: Any) -> Trainer:
+def _cosine(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
+
+
+def _train(run: Path, optimizer: Any = None, scheduler: Any = None, **change: Any) -> Trainer:
     method = change["method"]
     values = {
         "workers": WORLD - METHODS.get(method).server_processes,
@@ -93,7 +98,7 @@ def _train(run: Path, optimizer: Any = None, **change: Any) -> Trainer:
         **change,
     }
     runtime = WorkerRuntime(TorchTransport(), CPU, Placement(run_id=run.name))
-    task = dataclasses.replace(_task(), optimizer=optimizer)
+    task = dataclasses.replace(_task(), optimizer=optimizer, scheduler=scheduler)
     trainer = Trainer(TrainConfig(**values), task, runtime)
     trainer.run()
     dist.barrier()  # the next run's handshake must not reach this run's server
@@ -159,12 +164,30 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     run = base / "async-easgd-momentum"
     settings = {"method": "async-easgd", "steps": 12, "tau": 1, "checkpoint_every": 4}
     settings |= {"precision": "fp16", "loss_scale_growth_interval": 2, "eval_every": 12}
-    _train(run, _momentum_sgd, **settings)
+    _train(run, _momentum_sgd, _cosine, **settings)
     saved = torch.load(shard_path(run, rank), weights_only=True) if rank else None
     dist.barrier()  # every worker has read its save before the resume
-    resumed = _train(run, _momentum_sgd, **settings, resume=True)
+    # A resumed worker moves its schedule to the checkpoint's step at once, however far: the
+    # limit on a server's report (100,000 steps, here 4) refused long runs' resumes.
+    limit, base_module.MAX_SCHEDULE_ADVANCE = base_module.MAX_SCHEDULE_ADVANCE, 4
+    try:
+        resumed = _train(run, _momentum_sgd, _cosine, **settings, resume=True)
+    finally:
+        base_module.MAX_SCHEDULE_ADVANCE = limit
+    # hogwild-easgd: a resumed worker's first step takes the schedule at the resumed step
+    run = base / "hogwild-easgd"
+    hogwild = {"method": "hogwild-easgd", "steps": 12, "checkpoint_every": 4, "eval_every": 12}
+    _train(run, None, _cosine, **hogwild)
+    dist.barrier()
+    hogwild_resumed = _train(run, None, _cosine, **hogwild, resume=True)
     if rank:
-        out["async-easgd-momentum"] = {"saved": saved, "resumed": resumed.method.optimizer_state()}
+        schedule = hogwild_resumed.method.scheduler
+        out["hogwild-schedule"] = schedule.last_epoch  # type: ignore[union-attr]
+        out["async-easgd-momentum"] = {
+            "saved": saved,
+            "resumed": resumed.method.optimizer_state(),
+            "schedule": resumed.method.scheduler.last_epoch,  # type: ignore[union-attr]
+        }
     return out
 
 
@@ -228,6 +251,8 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
         saved, resumed = own["saved"]["optimizer_only"], own["resumed"]
         assert saved["scaler"]["scale"] > 65536.0, saved["scaler"]  # grown: not a fresh one
         assert resumed["scaler"] == saved["scaler"], rank
+        assert own["schedule"] == 12, own["schedule"]  # the checkpoint's step
+        assert ranks[rank]["shard-resume"]["hogwild-schedule"] == 12, rank
         velocities = [s["momentum_buffer"] for s in saved["optimizer"]["state"].values()]
         assert velocities and any(np.abs(v).sum() > 0 for v in velocities), rank
         for key, value in saved["optimizer"]["state"].items():

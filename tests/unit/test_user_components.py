@@ -249,6 +249,18 @@ def test_an_asynchronous_schedule_moves_to_the_global_step_and_never_back() -> N
     assert method.scheduler.last_epoch == 3
 
 
+def test_a_resume_moves_the_schedule_however_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's report moves a worker's schedule only so far at once (a hostile one could
+    make it step forever); the run's own checkpoint step is not such a report."""
+    monkeypatch.setattr("tether.methods.base.MAX_SCHEDULE_ADVANCE", 5)
+    method = _Counting(nn.Linear(1, 1))
+    method.scheduler = torch.optim.lr_scheduler.LambdaLR(method.optimizer, lambda s: 0.5**s)
+    with pytest.raises(TetherError, match="reported global step 9"):
+        method.advance_schedule(9)
+    method.advance_schedule(9, resumed=True)
+    assert method.scheduler.last_epoch == 9
+
+
 def build_linear() -> nn.Module:
     return nn.Linear(4, 3)
 

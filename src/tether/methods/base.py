@@ -295,12 +295,14 @@ class TrainingMethod(ABC):
     # follow the global update count instead (:meth:`advance_schedule`).
     schedule_per_step: ClassVar[bool] = True
 
-    def advance_schedule(self, global_step: int) -> None:
+    def advance_schedule(self, global_step: int, resumed: bool = False) -> None:
         """Step the scheduler until it has seen ``global_step`` updates (asynchronous methods:
-        the count of the whole run, so a slow worker's rate is the run's, not its own)."""
+        the count of the whole run, so a slow worker's rate is the run's, not its own).
+        ``resumed``: the step is the run's own checkpoint's, where a resumed worker starts, not
+        one a server reported (which may move the schedule only so far at once)."""
         if self.scheduler is None:
             return
-        if global_step - self.scheduler.last_epoch > MAX_SCHEDULE_ADVANCE:
+        if not resumed and global_step - self.scheduler.last_epoch > MAX_SCHEDULE_ADVANCE:
             raise TetherError(
                 f"the server reported global step {global_step} while this worker's schedule "
                 f"stands at {self.scheduler.last_epoch}: a broken or hostile server"

@@ -134,6 +134,9 @@ class HogwildMethod(ServerMethod):
                 files.attach("losses", LossBoard.size(self.workers), torch.float64)
             )
             self.initial = self.link.handshake()
+            # A resumed worker's first step takes the schedule's rate at the resumed step (the
+            # board moves it only after each step).
+            self.advance_schedule(step, resumed=True)
             return shared
         token[0] = secrets.randbits(63)
         files = SharedFiles(run_id, int(token[0]))

@@ -150,7 +150,7 @@ class ServerMethod(TrainingMethod):
             initial = self.link.handshake()
             if not self.own_replica_restored:  # a worker resumed from its shard keeps its own
                 self.flat.copy_(initial)
-            self.advance_schedule(step)  # a resumed run continues its schedule
+            self.advance_schedule(step, resumed=True)  # a resumed run continues its schedule
 
     def role(self) -> Role:
         return Role.SERVER if self.is_server else Role.WORKER
