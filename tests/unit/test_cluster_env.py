@@ -57,6 +57,9 @@ def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
         "MASTER_ADDR": "n0",
         "MASTER_PORT": "29500",
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        # torchrun started by mpiexec (one per node): torchrun, nearer the process, wins
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
     }
     for key, value in values.items():
         clean_env.setenv(key, value)
@@ -121,6 +124,60 @@ def test_mpi(clean_env: pytest.MonkeyPatch, values: dict[str, str]) -> None:
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (1, 3, 1, 3)
     assert env.source == "mpi" and env.master_port is None  # agreed on through MPI
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},
+        {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "4"},
+        {"PMI_RANK": "2", "PMI_SIZE": "4"},  # a PMI launcher without Hydra's local variables
+    ],
+    ids=["openmpi", "hydra", "pmi"],
+)
+@pytest.mark.parametrize(
+    "outer",
+    [
+        # a batch script's own variables, passed on to everything it starts
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "7"},
+        {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0"},  # a PyTorchJob's pod
+    ],
+    ids=["sbatch", "pytorchjob"],
+)
+def test_mpiexec_inside_another_launcher(
+    clean_env: pytest.MonkeyPatch, values: dict[str, str], outer: dict[str, str]
+) -> None:
+    # mpiexec started this rank: its variables win over the ones every rank inherited
+    for key, value in {**outer, **values}.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.source) == (2, 4, "mpi")
+
+
+def test_srun_with_pmi2_is_a_slurm_step(clean_env: pytest.MonkeyPatch) -> None:
+    # srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE to its own rank and task count (no Hydra locals):
+    # SLURM's variables describe the same task and say more (node layout, address)
+    for key, value in {
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        "SLURM_JOB_ID": "42",
+    }.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.source, env.master_addr, env.master_port) == ("slurm", "n1", 20042)
+    # rank 0 of an mpiexec in a batch script agrees with the script's SLURM_PROCID=0 too, but
+    # the script has no SLURM_STEP_NUM_TASKS: it stays an MPI rank, like all its peers
+    clean_env.delenv("SLURM_STEP_NUM_TASKS")
+    clean_env.setenv("PMI_RANK", "0")
+    clean_env.setenv("SLURM_PROCID", "0")
+    assert DistEnv.detect().source == "mpi"
 
 
 def test_a_lone_process(clean_env: pytest.MonkeyPatch) -> None:

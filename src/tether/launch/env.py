@@ -50,57 +50,31 @@ class DistEnv:
 
     @staticmethod
     def detect() -> DistEnv:
-        """This process's place under whichever launcher started it: torchrun's variables first
-        (they are also what ``srun torchrun`` and our launcher set), then Kubeflow's PyTorchJob
-        (RANK and WORLD_SIZE without LOCAL_*), SLURM (an ``srun`` step: SLURM_PROCID), MPI
-        (Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_*), else a single process. The rendezvous
-        address is MASTER_ADDR/MASTER_PORT where set; under SLURM the first host of the job's
-        node list and a port derived from the job id; under MPI None (the caller agrees on one
-        through MPI itself)."""
+        """This process's place under whichever launcher started it. The launcher nearest the
+        process wins, since the outer ones' variables are inherited by everything below them:
+        torchrun's variables first (also what ``srun torchrun`` and our launcher set: LOCAL_RANK
+        or TORCHELASTIC_RUN_ID beside RANK and WORLD_SIZE), then MPI (Open MPI's
+        OMPI_COMM_WORLD_*, MPICH's PMI_*: set by ``mpiexec`` for each rank, whereas an
+        ``mpiexec`` inside a SLURM allocation or a PyTorchJob pod passes on the batch step's
+        SLURM_PROCID=0 or the pod's RANK to every rank; ``srun --mpi=pmi2`` sets PMI_* too, and
+        its tasks are read as SLURM's), then Kubeflow's PyTorchJob (RANK and WORLD_SIZE without
+        LOCAL_*), SLURM (an ``srun`` step: SLURM_PROCID), else a single
+        process. The rendezvous address is MASTER_ADDR/MASTER_PORT where set; under SLURM the
+        first host of the job's node list and a port derived from the job id; under MPI None
+        (the caller agrees on one through MPI itself)."""
         env = os.environ
+        torchrun = "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env
+        if "RANK" in env and "WORLD_SIZE" in env and torchrun:
+            return DistEnv.read()
+        mpi = _mpi_keys(env)
+        if mpi is not None and not _srun_pmi(env, mpi):
+            return _from_mpi(env, mpi)
         if "RANK" in env and "WORLD_SIZE" in env:
-            read = DistEnv.read()
-            if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
-                return read
             # Kubeflow's PyTorchJob: one process per pod, so every rank is alone on its node.
+            read = DistEnv.read()
             return dataclasses.replace(read, local_rank=0, local_world_size=1, source="kubeflow")
-        port = env.get("MASTER_PORT")
         if "SLURM_PROCID" in env and ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
-            world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
-            local_world = _slurm_tasks_on_this_node(env, world)
-            job = env.get("SLURM_JOB_ID", "0")
-            return DistEnv(
-                rank=int(env["SLURM_PROCID"]),
-                world_size=world,
-                local_rank=int(env.get("SLURM_LOCALID", "0")),
-                local_world_size=local_world,
-                master_addr=env.get("MASTER_ADDR")
-                or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
-                master_port=int(port) if port else 20000 + int(job) % 20000,
-                run_id=f"slurm-{job}",
-                source="slurm",
-            )
-        for rank_key, size_key, local_key, local_size_key in (
-            (
-                "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE",
-                "OMPI_COMM_WORLD_LOCAL_RANK",
-                "OMPI_COMM_WORLD_LOCAL_SIZE",
-            ),
-            ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-        ):
-            if rank_key in env and size_key in env:
-                world = int(env[size_key])
-                return DistEnv(
-                    rank=int(env[rank_key]),
-                    world_size=world,
-                    local_rank=int(env.get(local_key, env[rank_key])),
-                    local_world_size=int(env.get(local_size_key, world)),
-                    master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                    master_port=int(port) if port else None,
-                    run_id=env.get("TETHER_RUN_ID"),
-                    source="mpi",
-                )
+            return _from_slurm(env)
         return dataclasses.replace(DistEnv.read(), source="none")
 
     @property
@@ -153,6 +127,72 @@ def first_host(nodelist: str) -> str:
         return prefix
     first = re.split(r"[,-]", ranges)[0]
     return f"{prefix}{first}"
+
+
+# Each MPI's rank, size, local rank and local size variables, as its mpiexec sets them.
+_MPI_KEYS = (
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
+def _mpi_keys(env: os._Environ[str]) -> tuple[str, str, str, str] | None:
+    """The variables of the MPI that started this process (None: no MPI did)."""
+    for keys in _MPI_KEYS:
+        if keys[0] in env and keys[1] in env:
+            return keys
+    return None
+
+
+def _srun_pmi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> bool:
+    """True where ``srun --mpi=pmi2`` set PMI_RANK/PMI_SIZE: they are then the step's own rank
+    and task count, and SLURM's variables say more (the node layout, a rendezvous address), so
+    the SLURM step describes the process. Told apart from ``mpiexec`` by what is the same on
+    every rank, so no job's ranks split between the two readings: Hydra's ``mpiexec`` always
+    sets MPI_LOCALRANKID beside PMI_RANK, and only ``srun`` sets SLURM_STEP_NUM_TASKS (an
+    ``mpiexec`` in a batch script passes on the script's SLURM_PROCID=0 and SLURM_NTASKS)."""
+    if keys[0] != "PMI_RANK" or keys[2] in env:
+        return False
+    same_rank = env.get("SLURM_PROCID") == env["PMI_RANK"]
+    return same_rank and env.get("SLURM_STEP_NUM_TASKS") == env["PMI_SIZE"]
+
+
+def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv:
+    rank_key, size_key, local_key, local_size_key = keys
+    world = int(env[size_key])
+    port = env.get("MASTER_PORT")
+    return DistEnv(
+        rank=int(env[rank_key]),
+        world_size=world,
+        local_rank=int(env.get(local_key, env[rank_key])),
+        local_world_size=int(env.get(local_size_key, world)),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(port) if port else None,
+        run_id=env.get("TETHER_RUN_ID"),
+        source="mpi",
+    )
+
+
+def _from_slurm(env: os._Environ[str]) -> DistEnv:
+    world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+    job = env.get("SLURM_JOB_ID", "0")
+    port = env.get("MASTER_PORT")
+    return DistEnv(
+        rank=int(env["SLURM_PROCID"]),
+        world_size=world,
+        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        local_world_size=_slurm_tasks_on_this_node(env, world),
+        master_addr=env.get("MASTER_ADDR")
+        or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+        master_port=int(port) if port else 20000 + int(job) % 20000,
+        run_id=f"slurm-{job}",
+        source="slurm",
+    )
 
 
 def _slurm_tasks_on_this_node(env: os._Environ[str], world: int) -> int:
