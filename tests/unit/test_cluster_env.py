@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tether.errors import TetherError
 from tether.launch.env import DistEnv, first_host, server_wire_address
+from tether.launch.slurm_lists import tasks_per_node
 
 LAUNCHER_VARIABLES = [
     "RANK",
@@ -22,6 +24,7 @@ LAUNCHER_VARIABLES = [
     "SLURM_NTASKS",
     "SLURM_STEP_NUM_TASKS",
     "SLURM_LOCALID",
+    "SLURM_NODEID",
     "SLURM_JOB_NODELIST",
     "SLURM_STEP_NODELIST",
     "SLURM_JOB_ID",
@@ -103,6 +106,71 @@ def test_slurm_srun_step(clean_env: pytest.MonkeyPatch) -> None:
     assert (env.master_addr, env.master_port, env.source) == ("gpu07", 20000 + 3456, "slurm")
     clean_env.setenv("MASTER_PORT", "29400")
     assert DistEnv.detect().master_port == 29400
+
+
+@pytest.mark.parametrize(
+    ("layout", "rank", "node", "local"),
+    [
+        ("3,1", 3, 1, (0, 1)),  # the last rank alone on the second node
+        ("3,1", 1, 0, (1, 3)),
+        ("1,4", 2, 1, (1, 4)),  # the first node has 1 task, the second 4
+        ("2(x3),1", 5, 2, (1, 2)),
+        ("2(x3),1", 6, 3, (0, 1)),
+    ],
+)
+@pytest.mark.parametrize("given", [True, False], ids=["srun", "block-layout"])
+def test_slurm_uneven_steps(
+    clean_env: pytest.MonkeyPatch,
+    layout: str,
+    rank: int,
+    node: int,
+    local: tuple[int, int],
+    given: bool,
+) -> None:
+    # each node's count is looked up by SLURM_NODEID; without SLURM_NODEID/SLURM_LOCALID
+    # (srun sets both) srun's default block distribution places the ranks
+    world = sum(tasks_per_node(layout))
+    values = {"SLURM_PROCID": str(rank), "SLURM_STEP_NUM_TASKS": str(world)}
+    values["SLURM_STEP_TASKS_PER_NODE"] = layout
+    if given:
+        values |= {"SLURM_NODEID": str(node), "SLURM_LOCALID": str(local[0])}
+    for key, value in values.items():
+        clean_env.setenv(key, value)
+    env = DistEnv.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (
+        rank,
+        world,
+        *local,
+    )
+
+
+def test_slurm_tasks_per_node_lists() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    assert tasks_per_node("3,1") == [3, 1]
+    with pytest.raises(ValueError):
+        tasks_per_node("2(3)")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "SLURM_STEP_TASKS_PER_NODE='two' is not a SLURM"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "2,2", "SLURM_NODEID": "2"}, "on none of the 2 nodes"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"},
+            "not one of the 1 tasks",
+        ),
+    ],
+)
+def test_slurm_layouts_that_contradict_themselves(
+    clean_env: pytest.MonkeyPatch, values: dict[str, str], message: str
+) -> None:
+    for key, value in {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", **values}.items():
+        clean_env.setenv(key, value)
+    with pytest.raises(TetherError, match=message) as refused:
+        DistEnv.detect()
+    assert "\n" not in str(refused.value) and "srun" in str(refused.value)
 
 
 @pytest.mark.parametrize(

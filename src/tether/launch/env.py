@@ -11,10 +11,14 @@ receives these values as arguments.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from tether.errors import TetherError
+from tether.launch.slurm_lists import tasks_per_node
 
 
 @dataclass(frozen=True)
@@ -180,13 +184,15 @@ def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv
 
 def _from_slurm(env: os._Environ[str]) -> DistEnv:
     world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+    rank = int(env["SLURM_PROCID"])
+    local_rank, local_world = _slurm_node_place(env, rank, world)
     job = env.get("SLURM_JOB_ID", "0")
     port = env.get("MASTER_PORT")
     return DistEnv(
-        rank=int(env["SLURM_PROCID"]),
+        rank=rank,
         world_size=world,
-        local_rank=int(env.get("SLURM_LOCALID", "0")),
-        local_world_size=_slurm_tasks_on_this_node(env, world),
+        local_rank=local_rank,
+        local_world_size=local_world,
         master_addr=env.get("MASTER_ADDR")
         or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
         master_port=int(port) if port else 20000 + int(job) % 20000,
@@ -195,12 +201,46 @@ def _from_slurm(env: os._Environ[str]) -> DistEnv:
     )
 
 
-def _slurm_tasks_on_this_node(env: os._Environ[str], world: int) -> int:
-    """Tasks of this step on this node: SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE give
-    ``2(x3),1`` (node counts); with an even layout every node has the first number."""
-    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
-    match = re.match(r"(\d+)", text)
-    return int(match.group(1)) if match else world
+def _slurm_node_place(env: os._Environ[str], rank: int, world: int) -> tuple[int, int]:
+    """This task's local rank and its node's task count. SLURM_STEP_TASKS_PER_NODE (else
+    SLURM_TASKS_PER_NODE) lists every node's count, ``3,1`` or ``2(x3),1``, and SLURM_NODEID
+    says which node this is: the nodes of an uneven step differ. SLURM_LOCALID is the local
+    rank. ``srun`` sets all three; where one is missing, srun's default block distribution
+    (consecutive ranks fill a node) stands in; with no list, every task is on this node."""
+    key = (
+        "SLURM_STEP_TASKS_PER_NODE"
+        if env.get("SLURM_STEP_TASKS_PER_NODE")
+        else "SLURM_TASKS_PER_NODE"
+    )
+    text = env.get(key, "")
+    if not text:
+        return int(env.get("SLURM_LOCALID", "0")), world
+    try:
+        counts = tasks_per_node(text)
+    except ValueError:
+        raise TetherError(
+            f"{key}={text!r} is not a SLURM tasks-per-node list (like 4 or 2(x3),1): "
+            "run the script under srun, which sets it, or unset it"
+        ) from None
+    firsts = list(itertools.accumulate([0, *counts]))  # each node's first rank, block layout
+    if "SLURM_NODEID" in env:
+        node = int(env["SLURM_NODEID"])
+    else:
+        node = next((i for i, first in enumerate(firsts[1:]) if rank < first), len(counts))
+    if not 0 <= node < len(counts):
+        raise TetherError(
+            f"rank {rank} (SLURM_NODEID {env.get('SLURM_NODEID', 'unset')}) is on none of the "
+            f"{len(counts)} nodes of {key}={text}: run the script under srun, which sets them "
+            "for the same step"
+        )
+    local_rank = int(env["SLURM_LOCALID"]) if "SLURM_LOCALID" in env else rank - firsts[node]
+    if not 0 <= local_rank < counts[node]:
+        raise TetherError(
+            f"local rank {local_rank} of rank {rank} is not one of the {counts[node]} tasks "
+            f"{key}={text} gives node {node}: run the script under srun, which sets "
+            "SLURM_LOCALID, SLURM_NODEID and the list for the same step"
+        )
+    return local_rank, counts[node]
 
 
 def launcher_method() -> str | None:
