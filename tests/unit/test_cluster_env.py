@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 
 from tether.errors import TetherError
-from tether.launch.env import DistEnv, first_host, server_wire_address
+from tether.launch.env import (
+    DistEnv,
+    first_host,
+    launcher_local_world_size,
+    server_wire_address,
+)
 from tether.launch.slurm_lists import tasks_per_node
 
 LAUNCHER_VARIABLES = [
@@ -246,6 +251,42 @@ def test_srun_with_pmi2_is_a_slurm_step(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("PMI_RANK", "0")
     clean_env.setenv("SLURM_PROCID", "0")
     assert DistEnv.detect().source == "mpi"
+
+
+@pytest.mark.parametrize(
+    ("values", "wrong"),
+    [
+        ({"RANK": "two", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}, "RANK='two'"),
+        (
+            {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_PORT": "http"},
+            "MASTER_PORT='http'",
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "4x"}, "WORLD_SIZE='4x'"),  # Kubeflow
+        ({"SLURM_PROCID": "", "SLURM_NTASKS": "4"}, "SLURM_PROCID=''"),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "four"}, "SLURM_NTASKS='four'"),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "12a"}, "SLURM_JOB_ID='12a'"),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4.0"},
+            "OMPI_COMM_WORLD_SIZE='4.0'",
+        ),
+        ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "-"}, "MPI_LOCALNRANKS='-'"),
+    ],
+)
+def test_a_variable_that_is_not_an_integer(
+    clean_env: pytest.MonkeyPatch, values: dict[str, str], wrong: str
+) -> None:
+    for key, value in values.items():
+        clean_env.setenv(key, value)
+    with pytest.raises(TetherError) as refused:
+        DistEnv.detect()
+    message = str(refused.value)
+    assert message.startswith(f"{wrong} is not an integer") and "\n" not in message
+
+
+def test_a_local_world_size_that_is_not_an_integer(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2 nodes")
+    with pytest.raises(TetherError, match="LOCAL_WORLD_SIZE='2 nodes' is not an integer"):
+        launcher_local_world_size()
 
 
 def test_a_lone_process(clean_env: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +42,14 @@ class DistEnv:
         """The launcher-provided placement of this process (defaults: a single process)."""
         env = os.environ
         port = env.get("MASTER_PORT")
+        world = _int(env, "WORLD_SIZE", 1)
         return DistEnv(
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+            rank=_int(env, "RANK", 0),
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(port) if port else None,
+            master_port=_int(env, "MASTER_PORT") if port else None,
             run_id=env.get("TORCHELASTIC_RUN_ID"),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         )
@@ -118,7 +120,7 @@ def launcher_local_world_size() -> int | None:
     """Processes per node as the launcher reports it (LOCAL_WORLD_SIZE), None when no launcher
     says: the node layout the hierarchical collectives use."""
     value = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(value) if value else None
+    return _int(os.environ, "LOCAL_WORLD_SIZE") if value else None
 
 
 def first_host(nodelist: str) -> str:
@@ -131,6 +133,20 @@ def first_host(nodelist: str) -> str:
         return prefix
     first = re.split(r"[,-]", ranges)[0]
     return f"{prefix}{first}"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """The integer a launcher's variable holds (``default`` where it is unset): a value that is
+    not one is refused in one line naming the variable, not with int()'s bare ValueError."""
+    if name not in env and default is not None:
+        return default
+    try:
+        return int(env[name])
+    except ValueError:
+        raise TetherError(
+            f"{name}={env[name]!r} is not an integer: set it to a whole number in the "
+            "environment that starts the script, or unset it for the launcher to set"
+        ) from None
 
 
 # Each MPI's rank, size, local rank and local size variables, as its mpiexec sets them.
@@ -168,25 +184,26 @@ def _srun_pmi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> bool:
 
 def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv:
     rank_key, size_key, local_key, local_size_key = keys
-    world = int(env[size_key])
+    world = _int(env, size_key)
+    rank = _int(env, rank_key)
     port = env.get("MASTER_PORT")
     return DistEnv(
-        rank=int(env[rank_key]),
+        rank=rank,
         world_size=world,
-        local_rank=int(env.get(local_key, env[rank_key])),
-        local_world_size=int(env.get(local_size_key, world)),
+        local_rank=_int(env, local_key, rank),
+        local_world_size=_int(env, local_size_key, world),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(port) if port else None,
+        master_port=_int(env, "MASTER_PORT") if port else None,
         run_id=env.get("TETHER_RUN_ID"),
         source="mpi",
     )
 
 
 def _from_slurm(env: os._Environ[str]) -> DistEnv:
-    world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
-    rank = int(env["SLURM_PROCID"])
+    world = _int(env, "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS")
+    rank = _int(env, "SLURM_PROCID")
     local_rank, local_world = _slurm_node_place(env, rank, world)
-    job = env.get("SLURM_JOB_ID", "0")
+    job = _int(env, "SLURM_JOB_ID", 0)
     port = env.get("MASTER_PORT")
     return DistEnv(
         rank=rank,
@@ -195,7 +212,7 @@ def _from_slurm(env: os._Environ[str]) -> DistEnv:
         local_world_size=local_world,
         master_addr=env.get("MASTER_ADDR")
         or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
-        master_port=int(port) if port else 20000 + int(job) % 20000,
+        master_port=_int(env, "MASTER_PORT") if port else 20000 + job % 20000,
         run_id=f"slurm-{job}",
         source="slurm",
     )
@@ -214,7 +231,7 @@ def _slurm_node_place(env: os._Environ[str], rank: int, world: int) -> tuple[int
     )
     text = env.get(key, "")
     if not text:
-        return int(env.get("SLURM_LOCALID", "0")), world
+        return _int(env, "SLURM_LOCALID", 0), world
     try:
         counts = tasks_per_node(text)
     except ValueError:
@@ -224,7 +241,7 @@ def _slurm_node_place(env: os._Environ[str], rank: int, world: int) -> tuple[int
         ) from None
     firsts = list(itertools.accumulate([0, *counts]))  # each node's first rank, block layout
     if "SLURM_NODEID" in env:
-        node = int(env["SLURM_NODEID"])
+        node = _int(env, "SLURM_NODEID")
     else:
         node = next((i for i, first in enumerate(firsts[1:]) if rank < first), len(counts))
     if not 0 <= node < len(counts):
@@ -233,7 +250,7 @@ def _slurm_node_place(env: os._Environ[str], rank: int, world: int) -> tuple[int
             f"{len(counts)} nodes of {key}={text}: run the script under srun, which sets them "
             "for the same step"
         )
-    local_rank = int(env["SLURM_LOCALID"]) if "SLURM_LOCALID" in env else rank - firsts[node]
+    local_rank = _int(env, "SLURM_LOCALID", rank - firsts[node])
     if not 0 <= local_rank < counts[node]:
         raise TetherError(
             f"local rank {local_rank} of rank {rank} is not one of the {counts[node]} tasks "
