@@ -10,11 +10,10 @@ import pytest
 from tether.errors import TetherError
 from tether.launch.env import (
     DistEnv,
-    first_host,
     launcher_local_world_size,
     server_wire_address,
 )
-from tether.launch.slurm_lists import tasks_per_node
+from tether.launch.slurm_lists import first_host, tasks_per_node
 
 LAUNCHER_VARIABLES = [
     "RANK",
@@ -299,6 +298,12 @@ def test_first_host_of_a_node_list() -> None:
     assert first_host("n[3-5]") == "n3"
     assert first_host("host1,host2") == "host1"
     assert first_host("single") == "single"
+    assert first_host("") == "127.0.0.1"
+    # several bracket groups in one name; names with brackets among others
+    assert first_host("rack[1-2]-node[01-02]") == "rack1-node01"
+    assert first_host("a[1-3,5],b7") == "a1"
+    assert first_host("gpu-[007-010]x[2,4],cpu[1-2]") == "gpu-007x2"
+    assert first_host("b7,a[1-3]") == "b7"
 
 
 def test_where_a_parameter_server_listens(clean_env: pytest.MonkeyPatch) -> None:

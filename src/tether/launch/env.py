@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tether.errors import TetherError
-from tether.launch.slurm_lists import tasks_per_node
+from tether.launch.slurm_lists import first_host, tasks_per_node
 
 
 @dataclass(frozen=True)
@@ -121,18 +120,6 @@ def launcher_local_world_size() -> int | None:
     says: the node layout the hierarchical collectives use."""
     value = os.environ.get("LOCAL_WORLD_SIZE")
     return _int(os.environ, "LOCAL_WORLD_SIZE") if value else None
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: ``node[01-04,07],gpu1`` -> ``node01``."""
-    match = re.match(r"([^,\[]*)(\[([^\]]*)\])?", nodelist.strip())
-    if not match or (not match.group(1) and not match.group(3)):
-        return "127.0.0.1"
-    prefix, ranges = match.group(1), match.group(3)
-    if not ranges:
-        return prefix
-    first = re.split(r"[,-]", ranges)[0]
-    return f"{prefix}{first}"
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
