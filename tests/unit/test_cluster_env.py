@@ -199,6 +199,32 @@ def test_mpi(clean_env: pytest.MonkeyPatch, values: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("rank", "size", "local_size"),
+    [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
+    ],
+    ids=["openmpi", "hydra"],
+)
+def test_mpi_port_without_address(
+    clean_env: pytest.MonkeyPatch, rank: str, size: str, local_size: str
+) -> None:
+    for key, value in {rank: "1", size: "4", local_size: "4", "MASTER_PORT": "29500"}.items():
+        clean_env.setenv(key, value)
+    # every rank on this machine: loopback is where they meet
+    env = DistEnv.detect()
+    assert (env.master_addr, env.master_port, env.local_world_size) == ("127.0.0.1", 29500, 4)
+    # 2 of the 4 ranks here: the others could not reach this machine's loopback
+    clean_env.setenv(local_size, "2")
+    with pytest.raises(TetherError, match="set MASTER_ADDR to rank 0's host") as refused:
+        DistEnv.detect()
+    assert "4 MPI ranks span more than one node (2 on this one)" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    clean_env.setenv("MASTER_ADDR", "n0")
+    assert DistEnv.detect().master_addr == "n0"
+
+
+@pytest.mark.parametrize(
     "values",
     [
         {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},

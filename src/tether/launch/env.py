@@ -170,16 +170,27 @@ def _srun_pmi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> bool:
 
 
 def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv:
+    """An MPI rank's place. Without MASTER_ADDR the rendezvous is on this machine's loopback,
+    which only the ranks on this node can reach: with MASTER_PORT alone (so no agreement
+    through MPI either) and ranks on other nodes too (fewer local ranks than ranks, where the
+    MPI says how many are local), that is refused rather than left to time out."""
     rank_key, size_key, local_key, local_size_key = keys
     world = _int(env, size_key)
     rank = _int(env, rank_key)
+    local_world = _int(env, local_size_key, world)
     port = env.get("MASTER_PORT")
+    if port and not env.get("MASTER_ADDR") and local_world < world:
+        raise TetherError(
+            f"MASTER_PORT is set but MASTER_ADDR is not, and the {world} MPI ranks span more "
+            f"than one node ({local_world} on this one): set MASTER_ADDR to rank 0's host, or "
+            "unset MASTER_PORT for the ranks to agree on both through MPI"
+        )
     return DistEnv(
         rank=rank,
         world_size=world,
         local_rank=_int(env, local_key, rank),
-        local_world_size=_int(env, local_size_key, world),
-        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        local_world_size=local_world,
+        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
         master_port=_int(env, "MASTER_PORT") if port else None,
         run_id=env.get("TETHER_RUN_ID"),
         source="mpi",
