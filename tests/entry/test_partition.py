@@ -19,7 +19,7 @@ from tether.catalog import OneNodeWarning, check_launch
 from tether.cli import build_parser
 from tether.config import TrainConfig
 from tether.errors import TetherError
-from tether.launch.partition import plan_partition, usable_cores
+from tether.launch.partition import mask_is_own, plan_partition, usable_cores
 from tether.train_options import config_from_args
 
 PROBE_DIR = "TETHER_TEST_PROBE_DIR"
@@ -78,6 +78,26 @@ def test_plan_divides_the_cores_and_pins_only_parts_that_fit() -> None:
     with pytest.raises(TetherError, match="4 workers x 3 threads need 12 cores") as refused:
         plan_partition(4, 3, True, eight)
     assert "--threads-per-worker 2" in str(refused.value)
+
+
+def test_a_mask_bound_per_task_is_kept_whole() -> None:
+    # srun --cpus-per-task 8 --cpu-bind=cores: this task's mask is its own 8 cores, 4 tasks here
+    task = list(range(16, 24))
+    assert mask_is_own(task, 4, 64) and mask_is_own(task, 4, 32)
+    plan = plan_partition(4, 0, True, task, own_mask=True)
+    assert (plan.threads_per_worker, plan.own_cores, plan.core_groups) == (8, tuple(task), None)
+    assert plan.summary()["own_cores"] == task
+    assert plan_partition(4, 2, True, task, own_mask=True).own_cores == (16, 17)
+    assert plan_partition(4, 2, False, task, own_mask=True).own_cores == tuple(task)
+    with pytest.raises(
+        TetherError, match="launcher bound this process to 8: use --threads-per-worker 8"
+    ):
+        plan_partition(4, 9, True, task, own_mask=True)
+    # a mask every rank of the node shares: the job's cores, or wider than a share of them
+    assert not mask_is_own(list(range(32)), 4, 32)  # srun --cpu-bind=none in a 32-core job
+    assert not mask_is_own(list(range(32)), 4, 64)  # mpiexec --bind-to socket, 2 ranks a socket
+    assert not mask_is_own(task, 1, 64)  # alone on the node: nothing to divide
+    assert "own_cores" not in plan_partition(4, 0, True, list(range(8))).summary()
 
 
 def test_threads_and_cores_take_effect_inside_the_workers(tmp_path: Path) -> None:

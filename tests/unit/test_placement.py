@@ -1,14 +1,22 @@
 """Backend and device choice per rank (tether.launch.worker.resolve_backend): NCCL needs a GPU
 per rank on the node, so ``auto`` falls back to gloo where there are fewer, and an explicit
-``nccl`` is refused in one line. The GPU count is faked: CI has none."""
+``nccl`` is refused in one line. The GPU count is faked: CI has none. A rank's cores
+(tether.launch.worker.partition_node) under each launcher, with the masks and the cgroup faked:
+this machine has two cores."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from tether.errors import TetherError
-from tether.launch.worker import resolve_backend
+from tether.launch import cpuset, worker
+from tether.launch.env import DistEnv
+from tether.launch.partition import Partition, apply_partition
+from tether.launch.worker import partition_node, resolve_backend
 
 
 @pytest.fixture
@@ -36,3 +44,87 @@ def test_explicit_backends(gpus) -> None:
     assert resolve_backend("nccl", 1) == "nccl"
     with pytest.raises(TetherError, match="nccl needs one GPU per rank: 2 ranks on this node, 1"):
         resolve_backend("nccl", 2)
+
+
+def _env(source: str, local_rank: int, local_world_size: int) -> DistEnv:
+    return DistEnv(local_rank, 8, local_rank, local_world_size, "n0", 29500, None, source)
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch):
+    """This process's mask and the job's cores, faked; the partition is recorded, not applied."""
+    applied: list[tuple[Partition, int]] = []
+
+    def set_node(mask: list[int], job_cores: int) -> list[tuple[Partition, int]]:
+        monkeypatch.setattr(worker, "usable_cores", lambda: mask)
+        monkeypatch.setattr(worker, "job_core_count", lambda: job_cores)
+        monkeypatch.setattr(worker, "apply_partition", lambda p, r: applied.append((p, r)))
+        return applied
+
+    return set_node
+
+
+@pytest.mark.parametrize("source", ["slurm", "mpi"])
+def test_a_rank_bound_to_its_own_cores_keeps_them(node, source: str) -> None:
+    # srun --cpus-per-task 8 --cpu-bind=cores, 4 tasks on a 64-core node: local rank 2 holds 16-23
+    node(list(range(16, 24)), 64)
+    partition = partition_node(_env(source, 2, 4), 0, True)
+    assert partition.threads_per_worker == 8  # was 2, pinned to 20 and 21
+    assert partition.own_cores == tuple(range(16, 24))
+
+
+def test_a_shared_mask_is_divided(node) -> None:
+    # srun --cpu-bind=none in a job confined (cgroup) to 32 cores: the 4 tasks share them
+    node(list(range(32)), 32)
+    partition = partition_node(_env("slurm", 2, 4), 0, True)
+    assert (partition.threads_per_worker, partition.own_cores) == (8, None)
+    assert partition.core_groups is not None and partition.core_groups[2] == tuple(range(16, 24))
+    # srun torchrun on 8 bound cores: torchrun's workers share its mask, whatever its width
+    node(list(range(16, 24)), 64)
+    partition = partition_node(_env("torchrun", 2, 4), 0, True)
+    assert (partition.threads_per_worker, partition.own_cores) == (2, None)
+    assert partition.core_groups is not None and partition.core_groups[2] == (20, 21)
+
+
+def test_a_partition_of_own_cores_pins_to_them() -> None:
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    first = min(before)
+    try:
+        assert apply_partition(Partition(4, 1, None, (first,)), 3) == (first,)
+        assert os.sched_getaffinity(0) == {first} and torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+
+
+def _cgroup(tmp_path: Path, lines: str, files: dict[str, str]) -> tuple[Path, Path]:
+    tmp_path.mkdir()
+    proc = tmp_path / "cgroup"
+    proc.write_text(lines)
+    root = tmp_path / "fs"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return proc, root
+
+
+def test_the_job_cores_come_from_the_cpuset_cgroup(tmp_path: Path) -> None:
+    assert cpuset.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    # cgroup v1: the cpuset hierarchy (a SLURM step confined to 4 cores)
+    v1 = _cgroup(
+        tmp_path / "v1",
+        "4:memory:/slurm/uid_0/job_7\n3:cpuset:/slurm/uid_0/job_7/step_0\n0::/\n",
+        {"cpuset/slurm/uid_0/job_7/step_0/cpuset.effective_cpus": "4-7\n"},
+    )
+    assert cpuset.cgroup_cpus(*v1) == {4, 5, 6, 7}
+    # cgroup v2: a group without the cpuset controller has its nearest ancestor's cores
+    v2 = _cgroup(
+        tmp_path / "v2",
+        "0::/system.slice/job.scope\n",
+        {"system.slice/cpuset.cpus.effective": "0-1,6-7\n", "system.slice/job.scope/x": ""},
+    )
+    assert cpuset.cgroup_cpus(*v2) == {0, 1, 6, 7}
+    # a container that mounts its own group as the root
+    mounted = _cgroup(tmp_path / "c", "0::/docker/abc\n", {"cpuset.cpus.effective": "2-3"})
+    assert cpuset.cgroup_cpus(*mounted) == {2, 3}
+    assert cpuset.cgroup_cpus(tmp_path / "none", tmp_path) is None

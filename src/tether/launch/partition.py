@@ -11,6 +11,15 @@ cores (``sched_setaffinity``), so the parts do not take turns on the same cores.
 The whole process is pinned to its group before the process group starts, so the backend's own
 threads (gloo's I/O loop) and torch's intra-op pool, created later, inherit the group and stay on
 the part's cores. Nothing here reads the environment: the caller passes the launcher's counts.
+
+The cores divided are the process's affinity mask, which is the node's share for all its parts
+when one process started them all (torchrun's agent, our launcher: they bind nobody). ``srun``
+and ``mpiexec`` start every rank themselves and may bind each to cores of its own (``srun
+--cpus-per-task 8 --cpu-bind=cores``, ``mpiexec --bind-to core``): dividing such a mask again
+among the node's ranks would leave each rank an Lth of its own cores. One process cannot see the
+others' masks, but it can see that its own is no wider than the job's cores divided among the
+node's ranks (:func:`mask_is_own`), which a mask shared by all of them is not; it then keeps its
+whole mask.
 """
 
 from __future__ import annotations
@@ -41,29 +50,54 @@ class Partition:
     workers_per_node: int
     threads_per_worker: int
     core_groups: tuple[tuple[int, ...], ...] | None
+    # Where the launcher bound each process to cores of its own: this process's cores (its
+    # mask, or the first threads_per_worker of it when pinned); the others' are not known here.
+    own_cores: tuple[int, ...] | None = None
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's ``partition``."""
+        """summary.json's ``partition`` (``own_cores`` only where the launcher bound the ranks)."""
         groups = [list(g) for g in self.core_groups] if self.core_groups is not None else None
-        return {
+        out: dict[str, Any] = {
             "workers_per_node": self.workers_per_node,
             "threads_per_worker": self.threads_per_worker,
             "core_groups": groups,
         }
+        if self.own_cores is not None:
+            out["own_cores"] = list(self.own_cores)
+        return out
+
+
+def mask_is_own(cores: list[int], workers_per_node: int, job_cores: int) -> bool:
+    """Whether ``cores``, this process's mask, is its launcher's binding of this rank alone
+    rather than the cores every rank of the node shares: with several ranks on the node, it is
+    no wider than an even share of the ``job_cores`` the machine gives the job
+    (:func:`tether.launch.cpuset.job_core_count`). A mask shared by all the node's ranks is as
+    wide as the job's cores, or wider than a share (``mpiexec --bind-to socket``, two ranks to
+    a socket: divided as a shared one, so no core runs two ranks' threads)."""
+    return workers_per_node > 1 and len(cores) * workers_per_node <= job_cores
 
 
 def plan_partition(
-    workers_per_node: int, threads_per_worker: int, pin: bool, cores: list[int]
+    workers_per_node: int,
+    threads_per_worker: int,
+    pin: bool,
+    cores: list[int],
+    own_mask: bool = False,
 ) -> Partition:
     """The partition of ``cores`` among ``workers_per_node`` processes (every rank on the node,
     a parameter server included). ``threads_per_worker`` 0 divides the cores evenly (at least one
     thread each); an explicit count above one whose total exceeds the cores is refused, since
     the parts would then take turns on cores instead of running side by side (one thread each
     is the least there is: with more processes than cores it is what 0 gives too). Core groups
-    are consecutive cores, given only when ``pin`` and every part gets its own."""
+    are consecutive cores, given only when ``pin`` and every part gets its own. ``own_mask``:
+    the launcher bound this process to ``cores`` alone (:func:`mask_is_own`), so they are not
+    divided: 0 threads means one per core of the mask, and pinning keeps the first
+    ``threads_per_worker`` of them."""
     workers = max(1, workers_per_node)
     if threads_per_worker < 0:
         raise TetherError(f"threads_per_worker must be >= 0, got {threads_per_worker}")
+    if own_mask:
+        return _own_partition(workers, threads_per_worker, pin, cores)
     threads = threads_per_worker or max(1, len(cores) // workers)
     if threads_per_worker > 1 and workers * threads > len(cores):
         raise TetherError(
@@ -77,13 +111,31 @@ def plan_partition(
     return Partition(workers, threads, groups)
 
 
+def _own_partition(workers: int, threads_per_worker: int, pin: bool, cores: list[int]) -> Partition:
+    """A process bound to ``cores`` by its launcher: they are all its own."""
+    threads = threads_per_worker or len(cores)
+    if threads > len(cores):
+        raise TetherError(
+            f"{threads} threads per worker need {threads} cores and the launcher bound this "
+            f"process to {len(cores)}: use --threads-per-worker {len(cores)} or fewer, or bind "
+            "each task to more cores (srun --cpus-per-task)"
+        )
+    own = tuple(cores[:threads]) if pin else tuple(cores)
+    return Partition(workers, threads, None, own)
+
+
 def apply_partition(partition: Partition, local_rank: int) -> tuple[int, ...] | None:
     """Give this process its threads and (if the partition pins) its cores; returns the cores.
     Called before the process group and before torch's first parallel region, so the threads
     created afterwards inherit the mask."""
     torch.set_num_threads(partition.threads_per_worker)
-    if partition.core_groups is None or not hasattr(os, "sched_setaffinity"):
+    if not hasattr(os, "sched_setaffinity"):
         return None
-    group = partition.core_groups[local_rank % partition.workers_per_node]
+    if partition.own_cores is not None:
+        group = partition.own_cores
+    elif partition.core_groups is not None:
+        group = partition.core_groups[local_rank % partition.workers_per_node]
+    else:
+        return None
     os.sched_setaffinity(0, group)
     return group

@@ -14,9 +14,16 @@ import torch
 import torch.distributed as dist
 
 from tether.errors import TetherError
+from tether.launch.cpuset import job_core_count
 from tether.launch.env import DistEnv
 from tether.launch.loopback import store_server
-from tether.launch.partition import Partition, apply_partition, plan_partition, usable_cores
+from tether.launch.partition import (
+    Partition,
+    apply_partition,
+    mask_is_own,
+    plan_partition,
+    usable_cores,
+)
 from tether.launch.teardown import before_init_process_group
 
 
@@ -84,8 +91,15 @@ def init_worker(
 
 
 def partition_node(env: DistEnv, threads_per_worker: int, pin: bool) -> Partition:
-    """Plan this node's partition among its ranks and take this rank's part of it."""
-    partition = plan_partition(env.local_world_size, threads_per_worker, pin, usable_cores())
+    """Plan this node's partition among its ranks and take this rank's part of it. Under srun
+    and mpiexec, which start each rank and may bind it to cores of its own, a mask that is the
+    rank's own is kept whole (:func:`tether.launch.partition.mask_is_own`); torchrun's agent and
+    our launcher start a node's ranks from one process and bind none, so its mask is shared."""
+    cores = usable_cores()
+    own = env.source in ("slurm", "mpi") and mask_is_own(
+        cores, env.local_world_size, job_core_count()
+    )
+    partition = plan_partition(env.local_world_size, threads_per_worker, pin, cores, own)
     apply_partition(partition, env.local_rank)
     return partition
 
