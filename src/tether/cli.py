@@ -57,6 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
         model = unseeded_model(task)  # built once, for every check below
+        METHODS.get(config.method).check_model(model)  # e.g. one dtype
         probe_task(task, model=model, target=config.target_spec)
         check_plan_on_model(config, model)  # every layer the plan splits, before launch
     # before anything is printed or launched; a resumed checkpoint against the model's shapes

@@ -97,6 +97,18 @@ class Tiny(nn.Module):
         return self.fc(x)
 
 
+class MixedDtypes(nn.Module):
+    """Runs (it casts between its layers), but its parameters cannot share one flat buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+        self.out = nn.Linear(4, 2).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.fc(x).double()).float()
+
+
 def momentum_sgd(params):  # type: ignore[no-untyped-def]
     return torch.optim.SGD(params, lr=0.2, momentum=0.9)
 
@@ -180,6 +192,7 @@ def test_fit_refuses_bad_input_before_any_worker_starts(tmp_path: Path) -> None:
         ({"target": ("accuracy", "high")}, r"target must be"),
         ({"train_data": "digits", "eval_data": test}, r"brings its own evaluation split"),
         ({"optimizer": "nope"}, r"valid optimizers"),
+        ({"model": MixedDtypes}, r"^sync-easgd packs .* float64 on cpu \(out\.weight, out\.bias\)"),
     ]
     for change, message in cases:
         arguments = {"model": Tiny, "train_data": train, "eval_data": test, **change}
@@ -447,6 +460,50 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "workers 1 weight" in result.stdout
     assert "after finish: this run has finished" in result.stdout
+
+
+AGAIN_SCRIPT = """
+import torch
+import tether
+
+ctx = tether.init(method="local-sgd")
+mixed = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1).double())
+try:
+    ctx.wrap(mixed)
+except tether.TetherError as exc:
+    print("wrap:", exc)
+try:
+    tether.init(method="local-sgd")
+except tether.TetherError as exc:
+    print("init again:", exc)
+model, opt = ctx.wrap(mixed.float())  # the same context, the model fixed
+opt.zero_grad()
+model(torch.ones(2, 3)).sum().backward()
+opt.step()
+ctx.finish()
+ctx = tether.init(method="sync-sgd")  # the first run finished: a new one starts
+ctx.finish()  # never wrapped: only its process group ends
+ctx = tether.init(method="sync-sgd")
+print("third run:", ctx)
+ctx.finish()
+"""
+
+
+def test_a_mixed_dtype_model_and_a_second_init_are_refused_in_one_line(tmp_path: Path) -> None:
+    # Before: a bare AssertionError from the flat buffer, then torch's "trying to initialize
+    # the default process group twice!" for an init after it, with no way out named.
+    script = tmp_path / "again.py"
+    script.write_text(AGAIN_SCRIPT)
+    result = _run([sys.executable, str(script)], timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert lines["wrap"].startswith("local-sgd packs the model's parameters into one flat buffer")
+    assert (
+        "float32 on cpu (0.weight, 0.bias) and float64 on cpu (1.weight, 1.bias)" in (lines["wrap"])
+    )
+    assert lines["init again"].startswith("this process is still in a run")
+    assert "ctx.finish()" in lines["init again"]
+    assert lines["third run"] == "Context(sync-sgd, rank 0/1, worker 0 of 1)"
 
 
 CLIP_SCRIPT = """

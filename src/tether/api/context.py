@@ -211,11 +211,16 @@ class Context:
 
     def finish(self) -> None:
         """End this process's part of the run: the final synchronisation (a worker's goodbye
-        to the server), then the process group. Call it once on every worker after training."""
+        to the server), then the process group. Call it once on every worker after training;
+        on a context whose ``wrap`` failed (or never ran) it only ends the process group, so
+        that ``tether.init`` can start again."""
         if self.finished:
             return
-        method = self._bound()
         self.finished = True
+        method = self.method
+        if method is None:
+            shut_down_process_group()
+            return
         # A worker's goodbye carries timings for a trainer's summary; a user's loop has none.
         method.finish(PhaseTotals() if method.server_processes else None)
         shut_down_process_group()

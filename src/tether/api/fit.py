@@ -43,6 +43,7 @@ from tether.config import TrainConfig
 from tether.config_sources import load_toml, resolve_config
 from tether.errors import TetherError
 from tether.ignored_settings import warn_ignored
+from tether.methods import METHODS
 from tether.runner import launch_training
 from tether.targets import target_text
 from tether.training.model_parallel import check_plan_on_model, plan_option
@@ -131,6 +132,7 @@ def fit(
     loading.update(loader_options or {})
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loading)
     model = unseeded_model(task)  # built once, for every check below
+    METHODS.get(config.method).check_model(model)  # e.g. one dtype (as each worker would find)
     probe_task(task, model=model, target=config.target_spec)
     check_launch(config)
     check_plan_on_model(config, model)

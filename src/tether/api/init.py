@@ -16,6 +16,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+import torch.distributed as dist
+
 from tether.api.context import Context
 from tether.catalog import check_names, method_defaults
 from tether.comm.transport import TorchTransport
@@ -44,6 +46,13 @@ def init(method: str | None = None, **options: Any) -> Context:
     your model and optimizer. ``options`` are config keys (``tau``, ``alpha``, ``allreduce``,
     ``compress``, ``batch_size``, ``accumulate``, ``lr`` for a default optimizer, ``backend``,
     ``timeout_s``, ``seed``, ...)."""
+    if dist.is_initialized():
+        # torch's own words ("initialize the default process group twice") name no way out
+        raise TetherError(
+            "this process is still in a run (an earlier tether.init, or torch.distributed's "
+            "own process group): end it with ctx.finish() (or "
+            "torch.distributed.destroy_process_group()) before calling tether.init again"
+        )
     launched_for = launcher_method()
     if method is not None and launched_for is not None and method != launched_for:
         raise TetherError(

@@ -36,6 +36,7 @@ from torch import nn
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.methods.flat import check_one_buffer
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
 from tether.optim.schedules import check_schedule, load_schedule_state
@@ -149,6 +150,7 @@ class TrainingMethod(ABC):
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     ) -> None:
+        self.check_model(model)
         self.model = model
         self.context = context
         self.config = context.config
@@ -177,6 +179,11 @@ class TrainingMethod(ABC):
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k
         # backward passes (set by the caller).
         self.grad_scale = 1.0
+
+    @classmethod
+    def check_model(cls, model: nn.Module) -> None:
+        """Refuse a model the method cannot hold: its weights in one flat buffer."""
+        check_one_buffer(model, cls.name)
 
     @classmethod
     def build_default_optimizer(

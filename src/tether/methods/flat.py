@@ -12,9 +12,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tether.errors import TetherError
+
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def check_one_buffer(model: nn.Module, method: str, trainable_only: bool = False) -> None:
+    """Refuse, in one line, a model whose parameters cannot live in one flat buffer: one vector
+    has one dtype and one device (a float32 layer beside a float64 one would otherwise fail as
+    an assertion here, or as autograd's grad_dtype error in sync-sgd's gradient buckets, which
+    hold only the ``trainable_only`` parameters)."""
+    kinds: dict[tuple[torch.dtype, torch.device], list[str]] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad or not trainable_only:
+            kinds.setdefault((param.dtype, param.device), []).append(name)
+    if len(kinds) <= 1:
+        return
+    found = " and ".join(
+        f"{str(dtype).removeprefix('torch.')} on {device} ({_some(names)})"
+        for (dtype, device), names in kinds.items()
+    )
+    one_device = len({device for _, device in kinds}) == 1
+    one_dtype = len({dtype for dtype, _ in kinds}) == 1
+    fix = "model.float()" if one_device else "model.to(device)" if one_dtype else ""
+    fix = fix or "model.to(device, torch.float32)"
+    which = "trainable parameters" if trainable_only else "parameters"
+    raise TetherError(
+        f"{method} packs the model's {which} into one flat buffer, which needs one dtype and "
+        f"one device, but they are {found}: convert the model first (e.g. {fix}; cast inside "
+        "forward where a layer needs another dtype)"
+    )
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
 
 
 def flatten_parameters(model: nn.Module, storage: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,6 +22,7 @@ from tether.comm.fusion import GradientBucketer
 from tether.methods.base import Backward, StepTimes
 from tether.methods.bucketed import BucketedGradients
 from tether.methods.default_rates import all_workers_rate
+from tether.methods.flat import check_one_buffer
 from tether.methods.replicated import (
     REDUCER_SETTINGS,
     average_buffers,
@@ -48,6 +49,11 @@ class SyncSGD(BucketedGradients):
     settings = REDUCER_SETTINGS | {"bucket_mb", "momentum", "overlap"}
     composes_with_model_parallel = True
     bucketer: GradientBucketer
+
+    @classmethod
+    def check_model(cls, model: nn.Module) -> None:
+        # only the trainable parameters share the gradient buckets (a frozen one is broadcast)
+        check_one_buffer(model, cls.name, trainable_only=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
         super().__init__(*args, **kwargs)

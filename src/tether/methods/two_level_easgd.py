@@ -87,6 +87,7 @@ class TwoLevelEASGD(BucketedGradients, SyncEASGD):
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     ) -> None:
+        self.check_model(model)  # before the subgroups are made: refused before any collective
         world, rank = context.transport, context.transport.rank
         if not isinstance(world, TorchTransport):
             raise TetherError("two-level-easgd needs the torch transport (process subgroups)")
