@@ -115,7 +115,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         f"{' + 1 server' if servers else ''}) running {script}",
         file=sys.stderr,
     )
-    launch_script([str(script), *args.args], processes, tolerant, args.method)
+    launch_script([str(script), *args.args], processes, tolerant, args.method, servers)
     return 0
 
 

@@ -77,6 +77,7 @@ def launch_training(
         "tether.runner",
         (str(task_file),) if task_file is not None else (),
         tolerant=bool(getattr(method, "tolerates_worker_loss", False)),
+        servers=method.server_processes,
     )
 
 

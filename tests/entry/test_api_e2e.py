@@ -364,6 +364,35 @@ def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
     assert re.search(r"worker rank 2 lost .*SIGKILL", result.stderr), result.stderr[-2000:]
 
 
+EARLY_SAMPLER_SCRIPT = """
+import torch
+import tether
+
+ctx = tether.init()
+data = torch.utils.data.TensorDataset(torch.randn(64, 4))
+sampler = ctx.sampler(data, 8)  # DDP's habit, data first: the server has none to take
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+ctx.finish()
+"""
+
+
+def test_tether_launch_names_a_failed_server_and_its_reason(tmp_path: Path) -> None:
+    # Before: "worker rank 0 failed: exited with code 1": the server called a worker, and its
+    # error ("the server rank trains on no data", which did not say what to do) only in the
+    # traceback above.
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_SAMPLER_SCRIPT)
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "1"]
+    result = _run([*command, "--method", "async-sgd", str(script)], timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith(
+        "tether: error: server rank 0 failed: TetherError: the server rank trains on no data: "
+        "call ctx.sampler after ctx.wrap"
+    ), summary
+
+
 @pytest.mark.slow
 def test_example_tabular_classifier(tmp_path: Path) -> None:
     result = _run([sys.executable, str(EXAMPLES / "tabular_classifier.py"), "--out", str(tmp_path)])

@@ -3,11 +3,16 @@ in the format torch's agent reads."""
 
 from __future__ import annotations
 
-import pytest
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+import sys
 
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+import tether.launch.error_file as error_file
 import tether.observe.files as files
-from tether.launch.error_file import read_error_file, record_errors
+from tether.errors import TetherError
+from tether.launch.error_file import read_error_file, record_errors, record_uncaught_errors
+from tether.launch.local import describe_failures
 
 
 class _Killed(BaseException):
@@ -62,3 +67,52 @@ def test_outside_an_agent_nothing_is_written(monkeypatch, tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
     assert read_error_file(None) == {}
     assert read_error_file(str(tmp_path / "missing.json")) == {}
+
+
+def _uncaught(exc: BaseException) -> None:
+    """What the interpreter does with an exception that ends the script."""
+    try:
+        raise exc
+    except BaseException as raised:
+        sys.excepthook(type(raised), raised, raised.__traceback__)
+
+
+def test_a_users_script_leaves_its_uncaught_error_for_the_launcher(monkeypatch, tmp_path) -> None:
+    # A user's own script under tether launch or torchrun (tether.init installs the hook): its
+    # exception used to reach the launcher's report as "exited with code 1" only.
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setattr(error_file, "_hooked", False)
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, exc, tb: printed.append(exc))
+    record_uncaught_errors()
+    record_uncaught_errors()  # once per process: a second init adds no second hook
+    _uncaught(KeyboardInterrupt())
+    assert not path.exists()  # an interrupt is the launcher's to report
+    _uncaught(TetherError("the server rank trains on no data: call ctx.sampler after ctx.wrap"))
+    ours = read_error_file(str(path))
+    assert ours["message"] == (
+        "TetherError: the server rank trains on no data: call ctx.sampler after ctx.wrap"
+    )
+    assert "_uncaught" in ours["traceback"]
+    assert len(printed) == 2  # the traceback is still printed, by the hook before ours
+    failure = ProcessFailure(local_rank=0, pid=123, exitcode=1, error_file=str(path))
+    # the launcher's report: rank 0 of a parameter-server method is the server, with its reason
+    message, ranks = describe_failures(
+        ChildFailedError("script", {0: failure, 1: ProcessFailure(1, 124, -15, "")}),
+        None,
+        servers=1,
+    )
+    assert message == (
+        "server rank 0 failed: TetherError: the server rank trains on no data: call ctx.sampler "
+        "after ctx.wrap; worker rank 1 failed: killed by SIGTERM"
+    )
+    assert ranks == [0, 1]
+
+
+def test_outside_an_agent_no_hook_is_installed(monkeypatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(error_file, "_hooked", False)
+    before = sys.excepthook
+    record_uncaught_errors()
+    assert sys.excepthook is before

@@ -178,7 +178,11 @@ class Context:
         ``batch_size``; each step's batches of all workers together are one global batch of
         ``b * workers`` samples, whatever the worker count). Call ``set_epoch(e)`` each epoch."""
         if self.is_server:
-            raise TetherError("the server rank trains on no data (it serves inside ctx.wrap)")
+            raise TetherError(
+                "the server rank trains on no data: call ctx.sampler after ctx.wrap (on the "
+                "server, rank 0, ctx.wrap serves until the workers finish and then ends the "
+                "process, so the code after it runs on the workers only)"
+            )
         return WorkerSampler(
             len(dataset),  # type: ignore[arg-type]
             batch_size or self.config.batch_size,

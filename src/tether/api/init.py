@@ -26,6 +26,7 @@ from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.ignored_settings import warn_ignored
 from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
+from tether.launch.error_file import record_uncaught_errors
 from tether.launch.worker import (
     init_process_group,
     partition_node,
@@ -46,6 +47,8 @@ def init(method: str | None = None, **options: Any) -> Context:
     your model and optimizer. ``options`` are config keys (``tau``, ``alpha``, ``allreduce``,
     ``compress``, ``batch_size``, ``accumulate``, ``lr`` for a default optimizer, ``backend``,
     ``timeout_s``, ``seed``, ...)."""
+    # under an agent, the launcher's report of this rank's failure carries the exception's line
+    record_uncaught_errors()
     if dist.is_initialized():
         # torch's own words ("initialize the default process group twice") name no way out
         raise TetherError(

@@ -12,13 +12,16 @@ place (:func:`tether.observe.files.atomic_write`): the file is absent or whole, 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import json
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from tether.launch.env import elastic_error_file
@@ -45,9 +48,33 @@ def record_errors(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
+_hooked = False  # record_uncaught_errors has installed its hook in this process
+
+
+def record_uncaught_errors() -> None:
+    """Under an elastic agent (``tether launch``, torchrun), have an exception that ends a
+    user's own script written to the agent's error file, as :func:`record_errors` does for
+    Tether's workers: the launcher then reports the exception's first line for that rank
+    instead of "exited with code 1". The hook before it still runs (the traceback is printed as
+    before). Nothing outside an agent."""
+    global _hooked
+    if _hooked or elastic_error_file() is None:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, Exception):  # not a Ctrl-C: the launcher reports the interrupt
+            with contextlib.suppress(Exception):  # never in the way of the traceback below
+                write_error_file(exc)
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
 def write_error_file(exc: BaseException) -> None:
-    """Write ``exc`` (with the traceback being handled) to the elastic error file, atomically;
-    nothing when no agent asked for one."""
+    """Write ``exc`` (with its traceback) to the elastic error file, atomically; nothing when
+    no agent asked for one."""
     path = elastic_error_file()
     if path is None:
         return
@@ -57,7 +84,7 @@ def write_error_file(exc: BaseException) -> None:
             "message": {
                 "message": f"{type(exc).__name__}: {exc}",
                 "extraInfo": {
-                    "py_callstack": traceback.format_exc(),
+                    "py_callstack": "".join(traceback.format_exception(exc)),
                     "timestamp": str(int(time.time())),
                 },
             }

@@ -65,7 +65,12 @@ def _gave_up(reason: str) -> bool:
     return "timed out" in text or "timeout" in text or "gave up" in text
 
 
-def unanswering_ranks(marks: Path | None, waited: bool) -> dict[int, str]:
+def rank_name(rank: int, servers: int = 0) -> str:
+    """How a report names a rank: the first ``servers`` ranks are a parameter server's."""
+    return f"{'server' if rank < servers else 'worker'} rank {rank}"
+
+
+def unanswering_ranks(marks: Path | None, waited: bool, servers: int = 0) -> dict[int, str]:
     """What the supervisors' marks say, by rank: a stopped (SIGSTOP) rank stopped answering; one
     still running when the run was stopped did, if the failed ranks gave up waiting
     (``waited``: a timeout; after an exception the healthy ranks are running too)."""
@@ -78,7 +83,7 @@ def unanswering_ranks(marks: Path | None, waited: bool) -> dict[int, str]:
     for state, how in states:
         for path in marks.glob(f"{state}-rank-*"):
             rank = int(path.name.rsplit("-", 1)[1])
-            said.setdefault(rank, f"worker rank {rank} {how}")
+            said.setdefault(rank, f"{rank_name(rank, servers)} {how}")
     return said
 
 
@@ -91,17 +96,18 @@ def _traceback(failure: ProcessFailure) -> str:
 
 
 def describe_failures(
-    error: ChildFailedError, log: Path | None, marks: Path | None = None
+    error: ChildFailedError, log: Path | None, marks: Path | None = None, servers: int = 0
 ) -> tuple[str, list[int]]:
     """One line per failed rank; full tracebacks go to ``log`` (the run's failures.log). The
     ranks the supervisors found stopped (SIGSTOP) or still at work when the run was stopped
     (``marks``) come first, instead of "killed by SIGTERM": they stopped answering, the other
-    failed ranks gave up waiting for them."""
+    failed ranks gave up waiting for them. The first ``servers`` ranks are named as the
+    parameter server they are, not as workers."""
     reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
     waited = any(_gave_up(reason) for reason in reasons.values())
     silent = {
         rank: text
-        for rank, text in unanswering_ranks(marks, waited).items()
+        for rank, text in unanswering_ranks(marks, waited, servers).items()
         # A rank that recorded its own error was at work on its way out, not silent.
         if rank not in reasons or reasons[rank].startswith("killed by")
     }
@@ -110,8 +116,9 @@ def describe_failures(
     for rank, failure in sorted(error.failures.items()):
         ranks.append(rank)
         if rank not in silent:
-            lines.append(f"worker rank {rank} failed: {reasons[rank]}")
-        details.append(f"== worker rank {rank} ==\n{_traceback(failure) or reasons[rank]}\n")
+            lines.append(f"{rank_name(rank, servers)} failed: {reasons[rank]}")
+        name = rank_name(rank, servers)
+        details.append(f"== {name} ==\n{_traceback(failure) or reasons[rank]}\n")
     message = "; ".join(lines)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +161,10 @@ def launch_local(
     worker_module: str,
     extra_args: tuple[str, ...] = (),
     tolerant: bool = False,
+    servers: int = 0,
 ) -> None:
     """Run ``worker(config_toml, *extra_args)`` in ``processes`` local worker processes; raise
-    WorkerFailure on error.
+    WorkerFailure on error (the first ``servers`` ranks named as the method's server).
 
     ``tolerant`` (a method that carries on without a lost worker): a worker rank other than 0
     may die without ending the run; each rank then runs ``python -m worker_module CONFIG_FILE
@@ -176,7 +184,7 @@ def launch_local(
                 elastic_launch(launch, worker)(config.to_toml(), *extra_args)
     except ChildFailedError as error:
         log = run_dir / "failures.log" if run_dir is not None else None
-        message, ranks = describe_failures(error, log, marks)
+        message, ranks = describe_failures(error, log, marks, servers)
         if tolerant and run_dir is not None:
             _append(run_dir / "failures.log", failures_text(read_lost_records(run_dir)))
         raise WorkerFailure(message, ranks) from None
@@ -214,13 +222,20 @@ def _launch_supervised(
 
 
 def launch_script(
-    command: list[str], processes: int, tolerant: bool = False, method: str | None = None
+    command: list[str],
+    processes: int,
+    tolerant: bool = False,
+    method: str | None = None,
+    servers: int = 0,
 ) -> None:
     """Run a user's program (``[script.py, args...]`` for this Python) in ``processes`` local
     processes under the same agent as ``tether train`` (``tether launch``);
     raise WorkerFailure when one fails. ``tolerant``: as for a training run, a worker rank
     other than 0 may die and the others carry on (each runs under the supervisor).
-    ``method`` is what ``tether.init()`` in the script uses when it names none."""
+    ``method`` is what ``tether.init()`` in the script uses when it names none, and has
+    ``servers`` server ranks (named so in a failure's report). A script's uncaught exception
+    after ``tether.init`` reaches the report in one line (its error file: see
+    :func:`tether.launch.error_file.record_uncaught_errors`)."""
     if method is not None:
         set_launcher_method(method)
     launch = local_launch_config(processes, "tether-launch")
@@ -234,7 +249,7 @@ def launch_script(
             else:
                 elastic_launch(launch, python)(*command)
     except ChildFailedError as error:
-        message, ranks = describe_failures(error, None)
+        message, ranks = describe_failures(error, None, servers=servers)
         raise WorkerFailure(message, ranks) from None
     except SignalException as stop:
         raise stopped(stop) from None
