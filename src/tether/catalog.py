@@ -151,6 +151,12 @@ def check_global_batch(config: TrainConfig, samples: int) -> None:
         )
 
 
+def gpu_free_ranks(method: str) -> int:
+    """The ranks of ``method`` that need no GPU of their own (tether.launch.worker.place)."""
+    chosen = METHODS.get(method)
+    return chosen.server_processes if getattr(chosen, "gpu_free_server", False) else 0
+
+
 def check_launch(config: TrainConfig) -> None:
     """What a local run needs beyond a valid config: the fault rank exists, the backend's
     devices do (a one-line TetherError otherwise)."""
@@ -163,7 +169,7 @@ def check_launch(config: TrainConfig) -> None:
         raise TetherError(
             f"fault_rank {config.fault_rank} is not a rank of this run (ranks 0..{processes - 1})"
         )
-    resolve_backend(config.backend, processes)
+    resolve_backend(config.backend, processes, gpu_free_ranks(config.method))
     # every local process is one part of this node (refuses more threads than cores)
     cores = usable_cores()
     plan_partition(processes, config.threads_per_worker, config.pin_workers, cores)

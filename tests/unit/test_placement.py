@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tether.catalog import check_launch, gpu_free_ranks
+from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch import cpuset, worker
 from tether.launch.env import DistEnv
 from tether.launch.partition import Partition, apply_partition
-from tether.launch.worker import partition_node, resolve_backend
+from tether.launch.worker import partition_node, place, resolve_backend
 
 
 @pytest.fixture
@@ -128,3 +130,44 @@ def test_the_job_cores_come_from_the_cpuset_cgroup(tmp_path: Path) -> None:
     mounted = _cgroup(tmp_path / "c", "0::/docker/abc\n", {"cpuset.cpus.effective": "2-3"})
     assert cpuset.cgroup_cpus(*mounted) == {2, 3}
     assert cpuset.cgroup_cpus(tmp_path / "none", tmp_path) is None
+
+
+def _placed(ranks: int, servers: int, requested: str = "auto") -> list[str]:
+    """Each local rank's device on one node of ``ranks`` ranks (rank 0 a server if ``servers``)."""
+    devices = []
+    for rank in range(ranks):
+        env = DistEnv(rank, ranks, rank, ranks, "127.0.0.1", 29500, None)
+        devices.append(str(place(requested, env, servers)[1]))
+    return devices
+
+
+def test_a_parameter_servers_workers_get_the_gpus(gpus, monkeypatch) -> None:
+    # torchrun --nproc-per-node 3 with async-sgd on a 2-GPU node: 2 workers and the server. The
+    # server counted as a rank wanting a GPU, so auto chose gloo and nothing ran on the GPUs.
+    current: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    gpus(2)
+    assert resolve_backend("auto", 3, servers=1) == "nccl"
+    assert _placed(3, servers=1) == ["cpu", "cuda:1", "cuda:0"]  # the server on the CPU
+    assert current == [torch.device("cuda", 1), torch.device("cuda", 0)]
+    assert _placed(3, servers=1, requested="nccl") == ["cpu", "cuda:1", "cuda:0"]
+    gpus(3)  # a GPU for every rank: the server keeps GPU 0, as before
+    assert _placed(3, servers=1) == ["cuda:0", "cuda:1", "cuda:2"]
+    gpus(1)  # fewer GPUs than workers: all on the CPU
+    assert _placed(3, servers=1) == ["cpu", "cpu", "cpu"]
+    with pytest.raises(TetherError, match=r"one GPU per worker: 2 workers on this node .*, 1 GPU"):
+        resolve_backend("nccl", 3, servers=1)
+
+
+def test_sync_methods_and_hogwild_still_want_a_gpu_per_rank(gpus, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    gpus(2)
+    assert _placed(2, servers=0) == ["cuda:0", "cuda:1"]
+    assert _placed(3, servers=0) == ["cpu", "cpu", "cpu"]
+    assert [gpu_free_ranks(m) for m in ("async-sgd", "async-easgd", "original-easgd")] == [1] * 3
+    # hogwild's ranks share a vector in host memory; sync methods have no server
+    assert [gpu_free_ranks(m) for m in ("hogwild-sgd", "hogwild-easgd", "sync-sgd")] == [0] * 3
+    gpus(1)  # tether train's check before launch: a server and one worker on one GPU
+    check_launch(TrainConfig(method="async-sgd", workers=1, backend="nccl"))
+    with pytest.raises(TetherError, match="one GPU per rank: 2 ranks"):
+        check_launch(TrainConfig(method="sync-sgd", workers=2, backend="nccl"))

@@ -4,7 +4,8 @@ Run the script under any launcher: ``torchrun --nproc-per-node 4 train.py``, ``s
 ``mpiexec -n 4`` (MPICH or Open MPI), a Kubeflow PyTorchJob, or ``tether launch --workers 4
 train.py``. ``init`` finds this process's rank, the world size and the rendezvous address from
 that launcher's variables (:meth:`~tether.launch.env.DistEnv.detect`), starts the process group
-(gloo on the CPU, NCCL where every local rank has a GPU), and returns a
+(gloo on the CPU, NCCL where every local rank has a GPU; a parameter server's rank needs none of
+its own: :func:`~tether.launch.worker.place`), and returns a
 :class:`~tether.api.context.Context`. Under MPI without MASTER_ADDR/MASTER_PORT the ranks agree on
 them through MPI (mpi4py, the ``tether[mpi]`` extra).
 """
@@ -19,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tether.api.context import Context
-from tether.catalog import check_names, method_defaults
+from tether.catalog import check_names, gpu_free_ranks, method_defaults
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
@@ -91,7 +92,7 @@ def init(method: str | None = None, **options: Any) -> Context:
         warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
-    backend, device = place(config.backend, env)
+    backend, device = place(config.backend, env, gpu_free_ranks(method))
     global _generation
     store = rendezvous_store(env, config.timeout_s, _generation)
     _generation += 1

@@ -35,28 +35,42 @@ class WorkerPlacement:
     partition: Partition | None = None
 
 
-def resolve_backend(requested: str, local_world_size: int = 1) -> str:
+def resolve_backend(requested: str, local_world_size: int = 1, servers: int = 0) -> str:
     """``auto``: NCCL where this node has a GPU for each of its ranks (NCCL cannot put two
-    ranks on one GPU), else gloo on the CPU. An explicit ``nccl`` without enough GPUs is refused
+    ranks on one GPU), else gloo on the CPU; a parameter server's ranks (``servers``) need no
+    GPU of their own (see :func:`place`). An explicit ``nccl`` without enough GPUs is refused
     in one line rather than failing inside CUDA on the first rank without a device."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    needed = max(1, local_world_size - servers)
     if requested == "auto":
-        return "nccl" if gpus >= local_world_size else "gloo"
-    if requested == "nccl" and gpus < local_world_size:
+        return "nccl" if gpus >= needed else "gloo"
+    if requested == "nccl" and gpus < needed:
+        ranks = f"{needed} workers on this node (a server needs none)" if servers else ""
         raise TetherError(
-            f"backend nccl needs one GPU per rank: {local_world_size} ranks on this node, "
-            f"{gpus} GPU(s) visible; use fewer workers or --backend gloo"
+            f"backend nccl needs one GPU per {'worker' if servers else 'rank'}: "
+            f"{ranks or f'{local_world_size} ranks on this node'}, {gpus} GPU(s) visible; use "
+            "fewer workers or --backend gloo"
         )
     return requested
 
 
-def place(requested: str, env: DistEnv) -> tuple[str, torch.device]:
+def place(requested: str, env: DistEnv, servers: int = 0) -> tuple[str, torch.device]:
     """This rank's backend and device: with NCCL its own GPU (``cuda:LOCAL_RANK``, made the
-    current device so collectives and allocations land there), else the CPU."""
-    backend = resolve_backend(requested, env.local_world_size)
+    current device so collectives and allocations land there), else the CPU.
+
+    The first ``servers`` ranks are a parameter server's: its exchanges cross sockets through
+    host memory and it joins no NCCL collective, so it needs no GPU of its own. It takes GPU 0
+    where the node has a GPU for every rank, else the CPU, and the workers one GPU each (local
+    rank modulo the GPUs: on the server's node their local ranks are 1..n-1, so the last one
+    takes GPU 0; on a node of n workers and n - 1 GPUs two of them share one, which their
+    exchanges with the server allow). Sync methods (no server) keep ``cuda:LOCAL_RANK``."""
+    backend = resolve_backend(requested, env.local_world_size, servers)
     if backend != "nccl":
         return backend, torch.device("cpu")
-    device = torch.device("cuda", env.local_rank)
+    gpus = torch.cuda.device_count()
+    if env.rank < servers and gpus < env.local_world_size:
+        return backend, torch.device("cpu")
+    device = torch.device("cuda", env.local_rank % gpus)
     torch.cuda.set_device(device)
     return backend, device
 
@@ -79,13 +93,18 @@ def init_process_group(
 
 
 def init_worker(
-    backend: str, timeout_s: float, threads_per_worker: int = 0, pin: bool = True
+    backend: str,
+    timeout_s: float,
+    threads_per_worker: int = 0,
+    pin: bool = True,
+    servers: int = 0,
 ) -> WorkerPlacement:
     """This process's share of the node (threads and cores, :mod:`tether.launch.partition`),
-    then the process group (env:// rendezvous from the launcher) and the device."""
+    then the process group (env:// rendezvous from the launcher) and the device (``servers``:
+    as for :func:`place`)."""
     env = DistEnv.read()
     partition = partition_node(env, threads_per_worker, pin)
-    resolved, device = place(backend, env)
+    resolved, device = place(backend, env, servers)
     init_process_group(resolved, env, timeout_s)
     return WorkerPlacement(env, resolved, device, partition)
 

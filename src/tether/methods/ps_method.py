@@ -87,6 +87,9 @@ class ServerMethod(TrainingMethod):
     link: WorkerEndpoint
     # Asynchronous methods carry on when a worker dies; a strict round-robin cannot.
     tolerates_worker_loss: ClassVar[bool] = True
+    # The server's exchanges cross sockets through host memory and it joins no NCCL collective:
+    # it needs no GPU of its own, so a node's GPUs go to its workers first (launch.worker.place).
+    gpu_free_server: ClassVar[bool] = True
     # A worker's learning-rate schedule follows the run's global step (which the server sends
     # with every reply), not the worker's own count: a slow worker uses the run's rate.
     schedule_per_step: ClassVar[bool] = False
