@@ -126,3 +126,6 @@ class AsyncSGD(ServerMethod):
         if self.is_server:
             super().load_state_dict(state)
         self.version = int(state.get("version", 0))
+        # Every worker of the resumed run starts from the restored weights (the handshake):
+        # a gradient's staleness counts from there, not from version 0.
+        self.sent_version = dict.fromkeys(self.sent_version, self.version)
