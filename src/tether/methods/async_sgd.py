@@ -36,6 +36,7 @@ class AsyncSGD(ServerMethod):
     name = "async-sgd"
     defaults = own_batch_rate(0.1, damped=True)
     settings = frozenset({"tau", "staleness_bound", "async_base_workers"})
+    updates_on_server = True
 
     @classmethod
     def build_default_optimizer(

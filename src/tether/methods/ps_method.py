@@ -93,6 +93,9 @@ class ServerMethod(TrainingMethod):
     # A worker's learning-rate schedule follows the run's global step (which the server sends
     # with every reply), not the worker's own count: a slow worker uses the run's rate.
     schedule_per_step: ClassVar[bool] = False
+    # Whether the server applies every update with its own optimizer (async-sgd, async-msgd):
+    # a worker's optimizer then only carries the settings, never steps.
+    updates_on_server: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # TrainingMethod's arguments
         super().__init__(*args, **kwargs)

@@ -16,6 +16,7 @@ divided by ``k``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 from tether.errors import TetherError
 from tether.methods import StepTimes, TrainingMethod
+from tether.methods.ps_method import ServerMethod
 from tether.optim import needs_closure
 
 
@@ -47,6 +49,10 @@ class MethodOptimizer(torch.optim.Optimizer):
         self.last_times = StepTimes()  # the exposed communication of the last real step
         method.grad_scale = 1.0 / accumulate
         method.set_gradient_sync(accumulate == 1)
+        # Where the server applies the updates and no schedule was given to the method, a rate
+        # the user's loop changes on this worker (its own scheduler) changes nothing: said once.
+        server_steps = isinstance(method, ServerMethod) and method.updates_on_server
+        self._rates = self._worker_rates() if server_steps and method.scheduler is None else None
 
     # The wrapped optimizer's state, shared rather than copied, so that a scheduler built on
     # this object changes the rates the wrapped one uses.
@@ -88,6 +94,8 @@ class MethodOptimizer(torch.optim.Optimizer):
                 f"{type(self.optimizer).__name__} takes the gradient inside step(): call "
                 "optimizer.step(closure) with a closure that runs forward and backward"
             )
+        if self._rates is not None and self._worker_rates() != self._rates:
+            self._warn_rates_unused(self._worker_rates())
         times = StepTimes()
         # The pass counter moves after the step: a closure that calls zero_grad at its start
         # must not clear the gradients this step accumulated.
@@ -96,6 +104,19 @@ class MethodOptimizer(torch.optim.Optimizer):
         self.last_times = times
         self.method.set_gradient_sync(self.accumulate == 1)
         return loss
+
+    def _worker_rates(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def _warn_rates_unused(self, rates: list[float]) -> None:
+        print(
+            f"tether: warning: {self.method.name}'s server applies every update with its own "
+            f"optimizer and schedule: this worker's learning rate moved from {self._rates} to "
+            f"{rates} and changes nothing; give your scheduler to ctx.wrap(model, opt, "
+            "scheduler), which steps the server's on the run's global step",
+            file=sys.stderr,
+        )
+        self._rates = None  # once
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
