@@ -12,6 +12,7 @@ from typing import Any
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options
 from tether.errors import TetherError
+from tether.resume_settings import check_kept, saved_config
 
 # (flag, config key, type, help). Every option defaults to "not given" so that only explicit
 # options override the config file (and, with --resume, the resumed run's config).
@@ -190,7 +191,9 @@ def config_from_args(
     world_size: int | None = None,
 ) -> TrainConfig:
     """Defaults <- resumed run's config <- --config file <- --set <- explicit options
-    (``given``: :func:`given_values`, read here when not passed). ``world_size``: the
+    (``given``: :func:`given_values`, read here when not passed); a resume that would change a
+    setting its checkpoint was made under is refused (:func:`tether.resume_settings.check_kept`,
+    as ``tether.fit`` does). ``world_size``: the
     launcher's processes (``python -m tether.run``); the workers are what the method's servers
     leave of them, set before the config is resolved, so that what follows from the count (a
     method's held batch) is the count's."""
@@ -200,10 +203,7 @@ def config_from_args(
     overrides = dict(given_values(args) if given is None else given)
     base = None
     if args.resume is not None:
-        resumed = args.resume / "config.toml"
-        if not resumed.exists():
-            raise TetherError(f"cannot resume: {resumed} does not exist (not a Tether run dir?)")
-        base = apply_overrides(TrainConfig(), load_toml(resumed))
+        base = saved_config(args.resume)
         for key in ("method", "model"):
             asked = getattr(args, key, None)
             if asked is not None and asked != getattr(base, key):
@@ -216,6 +216,8 @@ def config_from_args(
         method = overrides.get("method", (base or TrainConfig()).method)
         overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
     config = resolve_config(None, overrides, base)
+    if base is not None:
+        check_kept(base, config, args.resume)  # e.g. another --lr, which torch would undo
     if config.out is None:
         config = apply_overrides(config, {"out": default_out(config)})
     return config

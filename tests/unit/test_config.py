@@ -327,6 +327,7 @@ def test_fit_resume_keeps_the_runs_batch_on_another_worker_count(tmp_path: Path)
     from tether.api.fit import _config
 
     run = TrainConfig(method="async-easgd", workers=8, batch_size=16, global_batch_max=128)
+    run = dataclasses.replace(run, model="Linear", dataset="TensorDataset")  # what fit records
     (tmp_path / "config.toml").write_text(run.to_toml())
     data = torch.utils.data.TensorDataset(torch.zeros(200, 4), torch.zeros(200, dtype=torch.long))
     net = torch.nn.Linear(4, 2)

@@ -40,10 +40,11 @@ from tether.catalog import (
     schedule_factory,
 )
 from tether.config import TrainConfig
-from tether.config_sources import load_toml, resolve_config
+from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.ignored_settings import warn_ignored
 from tether.methods import METHODS
+from tether.resume_settings import check_kept, saved_config
 from tether.runner import launch_training
 from tether.targets import target_text
 from tether.training.model_parallel import check_plan_on_model, plan_option
@@ -108,7 +109,10 @@ def fit(
     - ``target``: ``("accuracy", 0.88)``, ``("loss", "<=", 0.3)`` or ``"accuracy>=0.88"``: its
       time is recorded; with ``stop_at_target=True`` the run stops there.
     - ``log="tensorboard"`` also writes TensorBoard event files; ``resume=True`` continues the
-      run in ``out`` from its last checkpoint (``checkpoint_every=N``); an ``out`` that already
+      run in ``out`` from its last checkpoint (``checkpoint_every=N``) with the run's settings
+      for what the call leaves out; another value for one its checkpoint was made under (the
+      optimizer, the rate and schedule, ``accumulate``, ``precision``, ``tau``, ... :
+      :mod:`tether.resume_settings`) is refused; an ``out`` that already
       holds something is refused unless ``resume=True`` or ``overwrite=True`` (which replaces
       Tether's files there, and nothing else).
     - ``model_parallel=K`` with ``parallel_plan={"fc1": "column", "fc2": "row"}``: model
@@ -223,17 +227,19 @@ def _config(
         values["tensorboard"] = True
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     values["out"] = str(out) if out is not None else f"runs/{method}-{stamp}"
+    saved = None
     if resume:
         if out is None:
             raise TetherError("resume=True needs out=DIR, the run to continue")
         values["resume"] = True
-        saved = Path(out) / "config.toml"
-        if batch_size is None and saved.is_file():
-            # the run's batch, as `tether train --resume` keeps it: a method's held batch is
-            # not worked out again for another worker count, with its rate, mid-run
-            values["batch_size"] = load_toml(saved).get("batch_size", TrainConfig.batch_size)
+        # the run's config is the base, as under `tether train --resume`: what the call leaves
+        # out is the run's (its batch, which a method held, is not worked out again for another
+        # worker count, with its rate, mid-run), and what the checkpoint was made under stays
+        saved = saved_config(Path(out))
     values.setdefault("progress", False)  # a library call: no progress bar unless asked
-    config = resolve_config(None, values, method_defaults=method_defaults)
+    config = resolve_config(None, values, base=saved, method_defaults=method_defaults)
+    if saved is not None:
+        check_kept(saved, config, Path(out))
     supplied = {
         key
         for key, value in (
