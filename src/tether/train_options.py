@@ -211,6 +211,15 @@ def config_from_args(
                     f"--resume {args.resume} continues a {key} {getattr(base, key)!r} run; "
                     f"--{key} {asked} would be another run: drop --{key}, or start a new run"
                 )
+        asked_out = overrides.get("out")
+        if asked_out is not None and Path(str(asked_out)).resolve() != args.resume.resolve():
+            # a resume writes where its checkpoint is; a copy elsewhere would be a fork, which
+            # nothing here makes (it used to extend DIR and ignore --out)
+            raise TetherError(
+                f"--resume {args.resume} continues the run in {args.resume} and writes there; "
+                f"--out {asked_out} would be another directory: drop --out, or start a new run "
+                f"in {asked_out} without --resume"
+            )
         overrides.update(out=str(args.resume), resume=True)
     if world_size is not None:
         method = overrides.get("method", (base or TrainConfig()).method)

@@ -3,6 +3,7 @@ worker starts (in one line, never advising ``weights_only=False``)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import stat
@@ -17,6 +18,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.models import build_model
 from tether.observe.files import atomic_write_text
+from tether.train_options import add_train_options, config_from_args
 from tether.training.run_dir import check_run_dir, prepare_run_dir, validate_checkpoint
 
 
@@ -267,6 +269,26 @@ def test_cli_refuses_an_existing_run_and_a_changed_method(
     code, stderr = _cli(capsys, "train", "--resume", str(run))
     assert code == 2 and "not a readable Tether checkpoint" in stderr
     assert "Traceback" not in stderr and "weights_only=False" not in stderr
+
+
+def test_cli_refuses_an_out_other_than_the_resumed_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--resume o1 --out o1fork` extended o1 and ignored --out: now one line, exit 2, and
+    nothing written in either directory; the run's own directory, however spelled, is fine."""
+    run, fork = tmp_path / "o1", tmp_path / "o1fork"
+    run.mkdir()
+    atomic_write_text(run / "config.toml", TrainConfig(method="sync-sgd", out=str(run)).to_toml())
+    code, stderr = _cli(capsys, "train", "--resume", str(run), "--out", str(fork))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"--out {fork} would be another directory: drop --out" in stderr
+    assert not fork.exists() and sorted(run.iterdir()) == [run / "config.toml"]
+    code, stderr = _cli(capsys, "train", "--resume", str(run), "--set", f'out="{fork}"')
+    assert code == 2 and "would be another directory" in stderr
+    parser = argparse.ArgumentParser()
+    add_train_options(parser)
+    same = parser.parse_args(["--resume", str(run), "--out", f"{tmp_path}/./o1/"])
+    assert config_from_args(same, str).out == str(run)
 
 
 def test_worker_entry_without_a_launcher_is_one_line() -> None:
