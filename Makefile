@@ -3,8 +3,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# torch is pinned to the CPU build this machine holds; an unpinned torch pulls a multi-GB CUDA build.
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build. pip installs the CPU build where
+# its configuration finds one (a local wheel on the project's machines); elsewhere name torch's CPU
+# index: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH := torch==2.13.0
+TORCH_INDEX ?=
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 .PHONY: demo test test-all install dev data lint clean
@@ -13,7 +16,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q $(TORCH) numpy
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	$(BIN)/python -m pip install -q numpy
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 

@@ -1,4 +1,4 @@
-"""Your own training loop, switched from PyTorch DDP to sync-easgd by changing two lines.
+"""Your own training loop, switched from PyTorch DDP to sync-easgd by changing three lines.
 
 A small CNN on Fashion-MNIST (Debian's dataset-fashion-mnist files, or --data-dir), run by any
 launcher:
@@ -6,17 +6,17 @@ launcher:
     torchrun --nproc-per-node 2 examples/fashion_mnist_loop.py [--steps 300]
     tether launch --workers 2 examples/fashion_mnist_loop.py
 
-The same script under DDP would read (the two lines that change are marked)::
+The same script under DDP would read (the three lines that change are marked)::
 
     dist.init_process_group("gloo")                                  # 1
     model = DistributedDataParallel(Net()); opt = SGD(...)           # 2
-    sampler = DistributedSampler(train)
+    sampler = DistributedSampler(train)                              # 3
 
 With Tether::
 
     ctx = tether.init(method="sync-easgd")                           # 1
     model, opt = ctx.wrap(Net(), SGD(...))                           # 2
-    sampler = ctx.sampler(train)
+    sampler = ctx.sampler(train)                                     # 3
 
 and the rest (zero_grad, backward, step) stays as it was. sync-easgd's workers take their own
 steps and average elastically every ``tau`` steps with one all-reduce, overlapped with the next

@@ -79,8 +79,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from tether.compare import parse_methods, run_comparison
 
-    if args.resume is not None:
-        raise TetherError("tether compare does not resume runs; use `tether train --resume DIR`")
     if hasattr(args, "method"):
         raise TetherError("tether compare takes --methods a,b,... (not --method)")
     methods = parse_methods(args.methods)  # every name checked before anything runs
@@ -226,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B,...",
         help="comma-separated methods to compare (default: every method in `tether list`)",
     )
-    add_train_options(compare)
+    add_train_options(compare, out_default="runs/compare-TIMESTAMP", resumable=False)
     compare.set_defaults(func=cmd_compare)
     launch = sub.add_parser(
         "launch",

@@ -32,7 +32,13 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--target-accuracy", "target_accuracy", float, "test accuracy to time (fraction, e.g. 0.88)"),
     ("--eval-every", "eval_every", int, "evaluate every N steps (0: four times per epoch)"),
     ("--out", "out", str, "run directory (default: runs/METHOD-TIMESTAMP)"),
-    ("--backend", "backend", str, "gloo | nccl | auto (nccl when CUDA is available)"),
+    (
+        "--backend",
+        "backend",
+        str,
+        "gloo | nccl | auto (nccl where this node has a GPU for each rank that needs one, "
+        "else gloo)",
+    ),
     (
         "--bucket-mb",
         "bucket_mb",
@@ -141,8 +147,16 @@ FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
 FLAG_KEYS = tuple(key for _, key, _, _ in FLAG_OPTIONS)
 
 
-def add_train_options(parser: argparse.ArgumentParser) -> None:
+def add_train_options(
+    parser: argparse.ArgumentParser,
+    out_default: str = "runs/METHOD-TIMESTAMP",
+    resumable: bool = True,
+) -> None:
+    """The training options of ``tether train`` (``tether compare``: its own --out default, and
+    no --resume: a comparison is not resumed)."""
     for flag, key, typ, help_text in TRAIN_OPTIONS:
+        if key == "out":
+            help_text = f"run directory (default: {out_default})"
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
     for flag, key, action, help_text in FLAG_OPTIONS:
         named: dict[str, Any] = {"metavar": "NAME"} if action == "append" else {}
@@ -158,12 +172,15 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override any config key (TOML value syntax), repeatable",
     )
-    parser.add_argument(
-        "--resume",
-        type=Path,
-        metavar="DIR",
-        help="continue the run in DIR from its last checkpoint",
-    )
+    if resumable:
+        parser.add_argument(
+            "--resume",
+            type=Path,
+            metavar="DIR",
+            help="continue the run in DIR from its last checkpoint",
+        )
+    else:
+        parser.set_defaults(resume=None)
     parser.add_argument(
         "--overwrite",
         action="store_true",

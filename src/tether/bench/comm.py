@@ -235,7 +235,9 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="torch (torch.distributed) | mpi (mpi4py; launched with mpiexec)",
     )
     parser.add_argument(
-        "--backend", default="auto", help="torch transport: auto (nccl with CUDA) | gloo | nccl"
+        "--backend",
+        default="auto",
+        help="torch transport: auto (nccl with a GPU for each rank) | gloo | nccl",
     )
     parser.add_argument(
         "--repeats",
