@@ -7,7 +7,8 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   at its step-25 evaluation, as a crash at step 25 would leave it) and resumed ends bitwise equal
   to the uninterrupted run, with the same test metrics. The averaging period (tau 3) puts the
   checkpoint between two averagings, where the replicas differ: a resume from one replica (the
-  center, or rank 0's) would not give the same weights.
+  center, or rank 0's) would not give the same weights. The model has dropout: every rank's
+  random state is in its shard too.
 - original-easgd (a server and 3 workers, round-robin): the workers keep their own replicas
   too. The server checkpoints only at the end of a round (step 21: the round ending at 12,
   then the first round end after 20), where every worker saves its shard; interrupted at its
@@ -58,10 +59,11 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.hidden = nn.Linear(8, 16)
+        self.drop = nn.Dropout(0.2)  # training draws random numbers: each rank's own state
         self.out = nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.hidden(x)))
+        return self.out(self.drop(torch.relu(self.hidden(x))))
 
 
 def _task() -> Task:

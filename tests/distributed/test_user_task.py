@@ -9,7 +9,9 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
   the global batch (1e-5 relative) and PyTorch DDP; sync-easgd is bitwise deterministic there
   and through the trainer.
 - A run resumed from its checkpoint with AdamW and a cosine schedule ends bitwise equal to an
-  uninterrupted one.
+  uninterrupted one, on a model with dropout (the random state is checkpointed too); so does
+  one interrupted past its checkpoint whose training data is a plain dataset read through a
+  DataLoader (which draws no random number of the run's).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_breast_cancer
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from tether.api.context import Context
 from tether.comm.transport import TorchTransport
@@ -68,6 +70,30 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(self.hidden(x)))
+
+
+class DropNet(Net):
+    """The user's module with dropout: training draws random numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.drop(torch.relu(self.hidden(x))))
+
+
+class Rows(Dataset):
+    """A plain map-style dataset (batches come through a DataLoader)."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return self.data[index]
 
 
 def adamw(params: Any) -> torch.optim.Optimizer:
@@ -209,14 +235,18 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     for name in ("easgd-a", "easgd-b"):
         _train(base, name, _task(optimizer=None), method="sync-easgd", lr=0.4, steps=20)
     # resume: 20 steps at once, or 10, a checkpoint, and 10 more from it
-    resumable = _task(scheduler=cosine)
+    resumable = _task(scheduler=cosine, model=DropNet)
     _train(base, "whole", resumable, steps=20)
     _train(base, "part", resumable, steps=10, checkpoint_every=10)
     _train(base, "part", resumable, steps=20, resume=True)
     # The same with a named schedule (warm-up, then cosine over the run's 20 steps): the
     # interrupted run stops at its step-10 evaluation (a target it meets at once) with its
     # last checkpoint at step 5, and the resumed run goes on from there to step 20.
-    named = _task(scheduler=NamedSchedule("cosine", ScheduleSettings(warmup_steps=4)))
+    named = _task(
+        scheduler=NamedSchedule("cosine", ScheduleSettings(warmup_steps=4)),
+        model=DropNet,
+        train_data=Rows(data()[0]),
+    )
     _train(base, "named-whole", named, steps=20, eval_every=10)
     _train(
         base,

@@ -10,6 +10,11 @@ of the timings of small models. Any other dataset goes through a ``DataLoader`` 
 sampler giving those same indices, the user's ``collate_fn`` and loader options (``num_workers``,
 ``pin_memory``, ...). Batches (tensors, or tuples, lists and dicts of them) are moved to the
 worker's device.
+
+A DataLoader draws a seed for its worker processes each time it starts iterating, from its
+``generator`` or else from torch's global generator: here it has its own (unless the options
+give one), so reading data shifts no random number the model draws (dropout), and a resumed run,
+whose training loader starts at the checkpoint's step, draws what the uninterrupted run drew.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
-from tether.data.sharding import GlobalBatchSampler, shard_range
+from tether.data.sharding import GlobalBatchSampler, epoch_seed, shard_range
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -96,8 +101,12 @@ class TrainBatches:
                 yield to_device(tuple(t[idx] for t in tensors), self.device)
             return
         slices = _WorkerSlices(self.sampler, self.worker, self.workers, start, stop)
+        # seeded by the run's seed and the first step: a resumed run's worker processes do not
+        # replay the first steps' random numbers
+        own = torch.Generator().manual_seed(epoch_seed(self.sampler.seed, start))
+        options = {"generator": own, **self.loader_options}
         loader = DataLoader(
-            self.dataset, batch_sampler=slices, collate_fn=self.collate_fn, **self.loader_options
+            self.dataset, batch_sampler=slices, collate_fn=self.collate_fn, **options
         )
         for batch in loader:
             yield to_device(batch, self.device)
@@ -124,7 +133,7 @@ def eval_batches(
         Subset(dataset, range(lo, hi)),
         batch_size=batch_size,
         collate_fn=collate_fn,
-        **dict(loader_options or {}),
+        **{"generator": torch.Generator(), **(loader_options or {})},
     )
     for batch in loader:
         yield to_device(batch, device)

@@ -5,7 +5,9 @@ workers (original-easgd) write theirs as the round the server checkpoints at end
 barrier: a crash in that moment can leave shards of another step than checkpoint.pt. A resume
 with the same ranks gives every rank its own shard back, all of them or none (a shard of another
 step counts as missing, and rank 0 says so); otherwise every rank starts from rank 0's state
-(EASGD workers from the center): the run goes on, no longer bitwise.
+(EASGD workers from the center): the run goes on, no longer bitwise. Each rank's random state
+goes where its state goes (rank 0's in checkpoint.pt, each rank's own in its shard) and comes
+back once the resumed run has started (training.random_state).
 
 The workers of the asynchronous methods (no shard of their own: they restart from the server's
 weights, and their schedules follow the global step) keep their local optimizer and fp16 loss
@@ -27,6 +29,7 @@ from tether.errors import TetherError
 from tether.methods import TrainingMethod
 from tether.parallel import ProcessGrid, whole_tensors
 from tether.training.checkpoint import load_shard, save_checkpoint, save_shard
+from tether.training.random_state import random_state, set_random_state
 from tether.training.run_record import RunRecord
 from tether.training.server_progress import next_multiple
 
@@ -60,6 +63,9 @@ class RunCheckpoints:
         # A server's worker without a shard of its own keeps its optimizer and loss scale.
         self.optimizer_only = self.served and not self.shards
         self.is_writer = world.rank == 0
+        self.device = method.context.device
+        # The random state a resume puts back once the run has started (restore_random_state).
+        self.random: Any = None
         self.every = every  # checkpoint_every (None: no checkpoints)
         # The first step at which such a worker saves its shard (moved on by a resume).
         self.next_own = next_multiple(0, every) if every else 0
@@ -90,6 +96,9 @@ class RunCheckpoints:
             "optimizer_shards": self.world.world_size if self.optimizer_only else 0,
             "model": model_state,
             "method": self.method.state_dict(),
+            # rank 0's: the ranks of a method without shards draw alike (seeded alike, the
+            # same shapes), so theirs are the same
+            "rng": random_state(self.device),
             **record.checkpoint_fields(elapsed),
         }
         save_checkpoint(self.run_dir, state)
@@ -101,6 +110,7 @@ class RunCheckpoints:
             own = {"optimizer_only": self.method.optimizer_state()}
         else:
             own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+        own["rng"] = random_state(self.device)
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
     def save_own_when_due(self, step: int) -> None:
@@ -141,6 +151,7 @@ class RunCheckpoints:
                 "same workers and model_parallel; some are missing or were written by another "
                 "grid"
             )
+        self.random = (shard or state).get("rng")
         if self.optimizer_only and not self.is_writer:
             self._restore_optimizer(state)
         if shard is not None:
@@ -160,6 +171,7 @@ class RunCheckpoints:
         shard = load_shard(self.run_dir, self.world.rank, None)
         if shard is None or "optimizer_only" not in shard:
             return
+        self.random = shard.get("rng", self.random)
         try:
             self.method.load_optimizer_state(shard["optimizer_only"])
         except (ValueError, KeyError, RuntimeError) as exc:  # another optimizer than the save's
@@ -168,3 +180,10 @@ class RunCheckpoints:
                 f"state does not fit this run's ({exc})",
                 file=sys.stderr,
             )
+
+    def restore_random_state(self) -> None:
+        """Put back the random state of the checkpoint this rank resumed from (its own shard's,
+        else rank 0's), once everything that draws at start-up has drawn (after the method's
+        start): the rest of the run draws what the uninterrupted run drew after the
+        checkpoint (dropout). Nothing without a resume."""
+        set_random_state(self.random, self.device)

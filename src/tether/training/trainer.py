@@ -151,6 +151,7 @@ class Trainer:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
+        self.checkpoints.restore_random_state()  # after all that draws at start-up
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
