@@ -13,8 +13,14 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   too. The server checkpoints only at the end of a round (step 21: the round ending at 12,
   then the first round end after 20), where every worker saves its shard; interrupted at its
   evaluation at step 25 (mid-round) and resumed, it ends bitwise equal to the uninterrupted run.
+- The resumed runs' summaries cover the whole run: the uninterrupted run's rounds, and every
+  step's samples over the whole wall time (the ranks' phase totals summed at the checkpoint;
+  original-easgd's workers keep theirs in their shards and report them to the server).
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
-- async-easgd: a resume with nothing left to do saves exactly the checkpoint's center.
+- async-easgd: a resume with nothing left to do leaves the finished run's results as they were
+  (the checkpoint's center; the summary's numbers).
+- async-sgd interrupted at step 8 and resumed: its rounds (every push, 3 workers x 12) and its
+  stale gradients dropped count the updates before the checkpoint too.
 - async-easgd with momentum SGD in fp16: every worker keeps its own velocity and loss scale
   across a resume (they started afresh before: momentum from zero, the scale from its initial
   value), and its schedule starts at the checkpoint's step, however far (hogwild-easgd's too).
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -48,6 +55,7 @@ WORLD = 4
 CPU = torch.device("cpu")
 STEPS, CHECKPOINT_EVERY, TAU = 30, 10, 3  # the checkpoint at step 20 falls between averagings
 STOP = 25  # the interrupted run's evaluation (and stop) step: after its last checkpoint
+RUNS = ("whole", "interrupted")
 REPLICATED = {
     "sync-easgd": {},
     "local-sgd": {},
@@ -130,6 +138,8 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
             }
         dist.barrier()  # rank 0 has read the shards before the resume overwrites them
         _train(interrupted, **common, resume=True)
+        if rank == 0:
+            out[method]["summaries"] = [_summary(base / method / n) for n in RUNS]
     # original-easgd: the same, its interrupted run stopped by the server at its evaluation
     common = {"method": "original-easgd", "steps": STEPS, "tau": TAU}
     common |= {"eval_every": STOP, "checkpoint_every": CHECKPOINT_EVERY}
@@ -152,6 +162,7 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
         _train(interrupted, **common, resume=True)
     if rank == 0:
         out["original-easgd"]["resume_stderr"] = said.getvalue()
+        out["original-easgd"]["summaries"] = [_summary(base / "original-easgd" / n) for n in RUNS]
     # async-easgd: 10 steps with a checkpoint at the last, then a resume with nothing to do
     run = base / "async-easgd"
     settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 10}
@@ -159,8 +170,23 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     if rank == 0:
         checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
         out["async-easgd"] = {"step": checkpoint["step"], "center": _flat(checkpoint["model"])}
+        out["async-easgd"]["finished"] = _summary(run)
     dist.barrier()
     _train(run, **settings, eval_every=10, resume=True)
+    if rank == 0:
+        out["async-easgd"]["kept"] = _summary(run)
+    # async-sgd, every stale gradient dropped: stopped at its evaluation at step 8 (its
+    # checkpoint there), then resumed to step 12
+    run = base / "async-sgd"
+    settings = {"method": "async-sgd", "steps": 12, "tau": 1, "checkpoint_every": 4}
+    settings |= {"staleness_bound": 0, "eval_every": 8}
+    _train(run, **settings, target="loss<=100", stop_at_target=True)
+    if rank == 0:
+        out["async-sgd"] = {"saved": torch.load(run / "checkpoint.pt", weights_only=True)}
+    dist.barrier()
+    _train(run, **settings, resume=True)
+    if rank == 0:
+        out["async-sgd"]["summary"] = _summary(run)
     # async-easgd, momentum SGD: each worker's own velocity and loss scale (growing every 2
     # clean steps)
     run = base / "async-easgd-momentum"
@@ -205,6 +231,19 @@ def _final_metrics(run: Path) -> dict[str, float]:
     return json.loads((run / "summary.json").read_text())["final_metrics"]
 
 
+def _summary(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())
+
+
+def _check_whole_run(whole: dict[str, Any], resumed: dict[str, Any], workers: int) -> None:
+    """The resumed run's summary counts the whole run: the same rounds as the uninterrupted
+    run, every step's samples over the whole wall time."""
+    assert resumed["rounds"] == whole["rounds"] > 0, (whole["rounds"], resumed["rounds"])
+    samples = STEPS * 8 * workers
+    assert resumed["samples_per_s"] * resumed["wall_time_s"] == pytest.approx(samples)
+    assert resumed["comm_fraction"] > 0 and resumed["time_split_s"]["compute"] > 0
+
+
 def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     four_ranks: tuple[list[dict[str, Any]], Path],
 ) -> None:
@@ -223,6 +262,7 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
         assert _final_metrics(whole) == _final_metrics(resumed), method
         history = json.loads((resumed / "summary.json").read_text())["history"]
         assert [h["step"] for h in history] == [STOP, STEPS], (method, history)
+        _check_whole_run(*res["summaries"], workers=WORLD)
     # sync-easgd: the model evaluated and saved is the center; 30 steps, a round every 3,
     # alpha = 0.9 / 4 workers
     whole = tmp_path / "sync-easgd" / "whole"
@@ -245,9 +285,17 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert np.array_equal(_saved(whole), _saved(resumed))
     assert _final_metrics(whole) == _final_metrics(resumed)
     assert "warning" not in served["resume_stderr"], served["resume_stderr"]
+    _check_whole_run(*served["summaries"], workers=WORLD - 1)
     checkpoint = results["async-easgd"]
     assert checkpoint["step"] == 10
     assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])
+    assert checkpoint["finished"]["rounds"] == 3 * 10  # 3 workers, tau 1
+    assert checkpoint["kept"] == checkpoint["finished"]
+    pushed = results["async-sgd"]
+    saved, summary = pushed["saved"], pushed["summary"]
+    assert saved["step"] == 8 and saved["method"]["updates"] == 3 * 8
+    assert summary["rounds"] == 3 * 12
+    assert summary["stale_gradients_dropped"] >= saved["method"]["dropped"] >= 2
     for rank in range(1, WORLD):  # every worker its own save, back in its optimizer
         own = ranks[rank]["shard-resume"]["async-easgd-momentum"]
         saved, resumed = own["saved"]["optimizer_only"], own["resumed"]

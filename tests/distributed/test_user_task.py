@@ -11,7 +11,10 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
 - A run resumed from its checkpoint with AdamW and a cosine schedule ends bitwise equal to an
   uninterrupted one, on a model with dropout (the random state is checkpointed too); so does
   one interrupted past its checkpoint whose training data is a plain dataset read through a
-  DataLoader (which draws no random number of the run's).
+  DataLoader (which draws no random number of the run's). The resumed run's summary covers the
+  whole run (rounds, and samples over the whole wall time, the time split at least the first
+  part's); a resume with nothing left to do leaves the finished run's summary and metrics as
+  they were.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -237,8 +241,12 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     # resume: 20 steps at once, or 10, a checkpoint, and 10 more from it
     resumable = _task(scheduler=cosine, model=DropNet)
     _train(base, "whole", resumable, steps=20)
-    _train(base, "part", resumable, steps=10, checkpoint_every=10)
-    _train(base, "part", resumable, steps=20, resume=True)
+    part = {"steps": 20, "checkpoint_every": 10}
+    out["part-first"] = _train(base, "part", resumable, **(part | {"steps": 10}))
+    out["part-resumed"] = _train(base, "part", resumable, **part, resume=True)
+    metrics = (base / "part" / "metrics.jsonl").read_text() if rank == 0 else ""
+    out["part-again"] = _train(base, "part", resumable, **part, resume=True)  # nothing left
+    out["part-metrics-kept"] = (base / "part" / "metrics.jsonl").read_text() == metrics
     # The same with a named schedule (warm-up, then cosine over the run's 20 steps): the
     # interrupted run stops at its step-10 evaluation (a target it meets at once) with its
     # last checkpoint at step 5, and the resumed run goes on from there to step 20.
@@ -374,6 +382,14 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert np.array_equal(a, b)
     whole, resumed = (_weights(tmp_path / n / "model.pt") for n in ("whole", "part"))
     assert np.array_equal(whole, resumed)
+    first, part = summaries["part-first"], summaries["part-resumed"]
+    assert part["rounds"] == 20, part["rounds"]
+    samples = 20 * BATCH * WORLD  # every step's, the first part's too, over the whole wall time
+    assert part["samples_per_s"] * part["wall_time_s"] == pytest.approx(samples)
+    assert all(part["time_split_s"][k] >= v > 0 for k, v in first["time_split_s"].items())
+    assert part["comm_fraction"] > 0
+    assert summaries["part-again"] == part  # finished: kept as it was
+    assert summaries["part-metrics-kept"]
     named_whole, named_resumed = (
         _weights(tmp_path / n / "model.pt") for n in ("named-whole", "named-part")
     )

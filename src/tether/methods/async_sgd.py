@@ -120,13 +120,17 @@ class AsyncSGD(ServerMethod):
         return self.result(rounds=rounds, stale_gradients_dropped=self.dropped, tau=self.tau)
 
     def state_dict(self) -> dict[str, Any]:
-        # Written by the server: its optimizer (the one that applies the gradients) and schedule.
-        return {**super().state_dict(), "version": self.version}
+        # Written by the server: its optimizer (the one that applies the gradients) and schedule,
+        # and its counters (the whole run's in a resumed run's summary).
+        counters = {"version": self.version, "updates": self.updates, "dropped": self.dropped}
+        return {**super().state_dict(), **counters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.is_server:
             super().load_state_dict(state)
         self.version = int(state.get("version", 0))
+        self.updates = int(state.get("updates", 0))
+        self.dropped = int(state.get("dropped", 0))
         # Every worker of the resumed run starts from the restored weights (the handshake):
         # a gradient's staleness counts from there, not from version 0.
         self.sent_version = dict.fromkeys(self.sent_version, self.version)

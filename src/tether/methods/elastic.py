@@ -90,10 +90,12 @@ class ElasticServerMethod(ServerMethod):
         # The server's (checkpoint.pt): the center is the model; workers restart from it with
         # fresh local optimizers, which also lets a run resume with a different worker count.
         # A worker's own shard (per_rank_state: original-easgd) keeps its local optimizer.
+        # The server's rounds so far: a resumed run's summary counts the whole run's.
         if self.per_rank_state and not self.is_server:
             return super().state_dict()
-        return {}
+        return {"updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("own_replica", False):  # a worker's own shard: its replica and optimizer
             super().load_state_dict(state)
+        self.updates = int(state.get("updates", 0))

@@ -81,6 +81,7 @@ class HogwildEASGD(HogwildMethod):
         # Threaded server: one slot per worker, each written by that worker's thread only.
         self._steps = [0] * self.workers
         self._exchanges = [0] * self.workers
+        self.exchanges_before = 0  # the checkpoint's count: a resumed run counts from it
         self._center_copy: nn.Module | None = None  # a worker's view of the center (eval_model)
 
     def start(self, step: int = 0) -> None:
@@ -165,8 +166,6 @@ class HogwildEASGD(HogwildMethod):
     def serve(self, hooks: ServerHooks) -> ServeResult:
         if self.use_shared:
             self.watch(hooks, self.board_steps)
-            assert self.board is not None
-            exchanges = int(self.board[self.workers : 2 * self.workers].sum())
         else:
             threads = [
                 threading.Thread(target=self._serve_worker, args=(rank,), daemon=True)
@@ -177,10 +176,19 @@ class HogwildEASGD(HogwildMethod):
             self.watch(hooks, self._thread_steps)
             for thread in threads:
                 thread.join(JOIN_S)
-            exchanges = sum(self._exchanges)
         return self.result(
-            tau=self.tau, alpha=self.alpha, exchanges=exchanges, shared_memory=self.use_shared
+            tau=self.tau,
+            alpha=self.alpha,
+            exchanges=self.exchanges(),
+            shared_memory=self.use_shared,
         )
+
+    def exchanges(self) -> int:
+        """The elastic exchanges of the whole run so far (the server's count)."""
+        if self.use_shared:  # each worker counts its own on the board
+            assert self.board is not None
+            return self.exchanges_before + int(self.board[self.workers : 2 * self.workers].sum())
+        return self.exchanges_before + sum(self._exchanges)
 
     def _thread_steps(self) -> list[int]:
         return list(self._steps)
@@ -249,8 +257,9 @@ class HogwildEASGD(HogwildMethod):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        # Written by the server (rank 0): the center is its model; workers restart from it.
-        return {}
+        # Written by the server (rank 0): the center is its model; workers restart from it. Its
+        # exchanges so far: a resumed run's summary counts the whole run's.
+        return {"exchanges": self.exchanges()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        self.exchanges_before = int(state.get("exchanges", 0))

@@ -106,6 +106,9 @@ class ServerMethod(TrainingMethod):
         # Called on a worker with the step after each exchange's message is sent (fault
         # injection: see WorkerEndpoint.on_sent).
         self.on_sent: Callable[[int], None] | None = None
+        # The server's updates (serve_loop) over the whole run: its subclasses checkpoint them,
+        # so a resumed run's summary counts the rounds before the checkpoint too.
+        self.updates = 0
 
     def shard_after(self, step: int) -> bool:
         """Whether this worker's state after its step ``step`` belongs to a point the server
@@ -231,10 +234,9 @@ class ServerMethod(TrainingMethod):
         The split lets EASGD reply with the center *before* its elastic update (the worker needs
         the same ``c`` the server used) without copying it. ``round_end(msg)``: whether ``msg``
         ends a round (round-robin), the only points consistent for a checkpoint; None: every
-        point is. Returns the updates applied.
+        point is. Returns the updates applied in the whole run (``updates``).
         """
         stopping = False
-        updates = 0
         for msg in arrivals:
             rank = msg.header.sender
             if msg.header.loss_steps:
@@ -249,7 +251,7 @@ class ServerMethod(TrainingMethod):
             self.server.reply(rank, self.flat)
             if after_reply is not None:
                 after_reply(msg)
-            updates += 1
+            self.updates += 1
             consistent = round_end is None or round_end(msg)
             stopping = hooks.on_progress(self.server.state.global_step(), consistent)
-        return updates
+        return self.updates

@@ -83,6 +83,14 @@ class SyncSGD(BucketedGradients):
     def summary_extra(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "buckets": len(self.bucketer.layout.buckets)}
 
+    # the rounds so far: a resumed run's summary counts the whole run's
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.rounds = int(state.get("rounds", 0))  # none in a checkpoint from before they were
+
     def eval_model(self) -> nn.Module:
         average_buffers(self.model, self.transport)
         return self.model

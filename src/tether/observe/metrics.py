@@ -8,6 +8,7 @@ step time, summed over every computing worker.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +50,16 @@ class PhaseTotals:
     def from_tensor(tensor: torch.Tensor) -> PhaseTotals:
         data_s, compute_s, comm_s, steps, samples = tensor.tolist()
         return PhaseTotals(data_s, compute_s, comm_s, int(steps), int(samples))
+
+    def all_reduced(self, all_reduce: Callable[[torch.Tensor], Any], group: int = 1) -> PhaseTotals:
+        """Every rank's totals summed (``all_reduce`` sums a tensor over the ranks, in place;
+        collective). The ranks of a model group of ``group`` process the same samples: counted
+        once."""
+        tensor = self.as_tensor()
+        all_reduce(tensor)
+        summed = PhaseTotals.from_tensor(tensor)
+        summed.samples //= group
+        return summed
 
     @property
     def step_s(self) -> float:

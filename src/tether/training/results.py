@@ -4,6 +4,8 @@ model parallelism), both written atomically by rank 0."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +63,9 @@ def run_summary(
         "time_to_target_s": record.time_to_target,
         "comm_fraction": totals.comm_fraction,
         "time_split_s": {"data": totals.data_s, "compute": totals.compute_s, "comm": totals.comm_s},
-        # Samples processed in this process's lifetime over the wall time they took.
-        "samples_per_s": totals.samples / max(wall - record.elapsed_before, 1e-9),
+        # Samples processed over the wall time they took: the whole run's, where a resumed
+        # run's totals count those before the checkpoint (they do: training.run_checkpoints)
+        "samples_per_s": totals.samples / max(wall - record.uncounted_s, 1e-9),
         "evaluation_s": record.eval_s,
         # rank 0's node: workers, threads and cores of each (tether.launch.partition)
         "partition": method.context.placement.partition,
@@ -74,3 +77,31 @@ def run_summary(
 def write_results(run_dir: Path, summary: dict[str, Any], model_state: dict[str, Any]) -> None:
     atomic_write(run_dir / "model.pt", lambda handle: torch.save(model_state, handle))
     atomic_write_json(run_dir / "summary.json", summary)
+
+
+def keeps_finished(config: TrainConfig, record: RunRecord, total_steps: int) -> bool:
+    """Whether a resumed run leaves the results in its directory as they are: it had nothing
+    left to do (its checkpoint is at its last step) and the run finished there, with a summary
+    of that step that does not say it failed. Rewritten, the summary would time the resume
+    alone (nothing) and the model would be saved again; a run that crashed before it wrote them
+    writes them as usual. Says so on stderr."""
+    step, run_dir = record.start_step, Path(str(config.out))
+    if not config.resume or step < total_steps:
+        return False
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    finished = (
+        isinstance(summary, dict)
+        and summary.get("steps") == step
+        and summary.get("status") != "failed"
+        and (run_dir / "model.pt").exists()
+    )
+    if finished:
+        print(
+            f"tether: {run_dir} finished at step {step}: nothing left to do, its results are "
+            "kept as they were",
+            file=sys.stderr,
+        )
+    return finished

@@ -7,7 +7,10 @@ with the same ranks gives every rank its own shard back, all of them or none (a 
 step counts as missing, and rank 0 says so); otherwise every rank starts from rank 0's state
 (EASGD workers from the center): the run goes on, no longer bitwise. Each rank's random state
 goes where its state goes (rank 0's in checkpoint.pt, each rank's own in its shard) and comes
-back once the resumed run has started (training.random_state).
+back once the resumed run has started (training.random_state). So do the phase totals, which a
+resumed run's summary counts on from: checkpoint.pt holds every rank's summed (one small
+all-reduce per checkpoint), and a server's workers, which report theirs at the end, each keep
+their own in their shard.
 
 The workers of the asynchronous methods (no shard of their own: they restart from the server's
 weights, and their schedules follow the global step) keep their local optimizer and fp16 loss
@@ -27,6 +30,7 @@ import torch
 from tether.comm.transport import TorchTransport
 from tether.errors import TetherError
 from tether.methods import TrainingMethod
+from tether.observe.metrics import PhaseTotals
 from tether.parallel import ProcessGrid, whole_tensors
 from tether.training.checkpoint import load_shard, save_checkpoint, save_shard
 from tether.training.random_state import random_state, set_random_state
@@ -66,6 +70,9 @@ class RunCheckpoints:
         self.device = method.context.device
         # The random state a resume puts back once the run has started (restore_random_state).
         self.random: Any = None
+        # This rank's phase totals, which the trainer adds each step to: from the checkpoint's
+        # where the run resumed (restore), so that a resumed run's summary covers the whole run.
+        self.totals = PhaseTotals()
         self.every = every  # checkpoint_every (None: no checkpoints)
         # The first step at which such a worker saves its shard (moved on by a resume).
         self.next_own = next_multiple(0, every) if every else 0
@@ -76,9 +83,14 @@ class RunCheckpoints:
         return self.is_writer or self.shards
 
     def save(self, step: int, record: RunRecord, elapsed: float, flush: Callable[[], None]) -> None:
-        """Checkpoint at ``step`` (collective where ranks shard or the model is sharded: every
-        rank that takes part calls it). ``flush`` runs before rank 0 writes: the metrics up to
+        """Checkpoint at ``step`` (collective: every rank of a method without a server calls
+        it; a server calls it alone). ``flush`` runs before rank 0 writes: the metrics up to
         this step reach the disk first, since a resume will not write them again."""
+        # Every rank's phase totals, summed (rank 0 alone writes them); a server's workers keep
+        # theirs in their shards (the server is serving: no collective).
+        summed = None if self.served else self.totals.all_reduced(self.world.all_reduce)
+        if not self.takes_part:
+            return
         own_model = self.method.model.state_dict()
         # checkpoint.pt holds the unsharded model: under model parallelism the slices are
         # gathered (collective: every rank is here, as every rank keeps a shard).
@@ -99,6 +111,7 @@ class RunCheckpoints:
             # rank 0's: the ranks of a method without shards draw alike (seeded alike, the
             # same shapes), so theirs are the same
             "rng": random_state(self.device),
+            **({"worker_totals": True} if summed is None else {"totals": summed.as_tensor()}),
             **record.checkpoint_fields(elapsed),
         }
         save_checkpoint(self.run_dir, state)
@@ -106,11 +119,13 @@ class RunCheckpoints:
     def save_own(self, step: int) -> None:
         """This rank's shard: its replica and the method's state (its optimizer's), or for an
         asynchronous worker its optimizer and loss scale alone."""
+        own: dict[str, Any] = {"rng": random_state(self.device)}
         if self.optimizer_only:
-            own = {"optimizer_only": self.method.optimizer_state()}
+            own["optimizer_only"] = self.method.optimizer_state()
         else:
-            own = {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
-        own["rng"] = random_state(self.device)
+            own |= {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
+        if self.served:  # a worker reports its totals to the server at its goodbye
+            own["totals"] = self.totals.as_tensor()
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
     def save_own_when_due(self, step: int) -> None:
@@ -129,6 +144,7 @@ class RunCheckpoints:
         if self.every:
             self.next_own = next_multiple(step, self.every)
         shard = None
+        complete = False
         if state.get("shards") == self.world.world_size:  # same ranks: each its own state
             server = self.served and self.is_writer  # its state is checkpoint.pt
             shard = None if server else load_shard(self.run_dir, self.world.rank, step)
@@ -151,27 +167,46 @@ class RunCheckpoints:
                 "same workers and model_parallel; some are missing or were written by another "
                 "grid"
             )
-        self.random = (shard or state).get("rng")
+        own = shard
         if self.optimizer_only and not self.is_writer:
-            self._restore_optimizer(state)
+            own = self._restore_optimizer(state)
+        self.random = (own or state).get("rng")
         if shard is not None:
             self.method.model.load_state_dict(shard["model"])
             self.method.load_state_dict({**shard["method"], "own_replica": True})
         else:
             self.method.model.load_state_dict(state["model"])
             self.method.load_state_dict(state["method"])
-        return RunRecord.resumed(state)
+        record = RunRecord.resumed(state)
+        if not self._restore_totals(state, own, complete):
+            record.uncounted_s = record.elapsed_before
+        return record
 
-    def _restore_optimizer(self, state: dict[str, Any]) -> None:
+    def _restore_totals(self, state: dict[str, Any], own: Any, complete: bool) -> bool:
+        """Start this rank's phase totals from the checkpoint's: rank 0 from every rank's sum
+        (a method without a server sums the ranks' again for its summary), a server's worker
+        from its own shard's (its goodbye reports them). Whether the resumed run's totals count
+        the steps before the checkpoint: not from a checkpoint without them (an older one), nor
+        where a server's workers start afresh (another worker count)."""
+        if not self.served:
+            saved = state.get("totals")
+            if self.is_writer and isinstance(saved, torch.Tensor):
+                self.totals = PhaseTotals.from_tensor(saved)
+            return isinstance(saved, torch.Tensor)
+        if own is not None and isinstance(own.get("totals"), torch.Tensor):
+            self.totals = PhaseTotals.from_tensor(own["totals"])
+        kept = complete or state.get("optimizer_shards") == self.world.world_size
+        return bool(state.get("worker_totals")) and kept
+
+    def _restore_optimizer(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """An asynchronous worker's optimizer and loss scale, from its own last save, when the
         run has the same ranks as the checkpoint's (else a worker has no saved state, or
-        another's: a fresh optimizer, as the method's first start)."""
+        another's: a fresh optimizer, as the method's first start). Returns that save."""
         if state.get("optimizer_shards") != self.world.world_size:
-            return
+            return None
         shard = load_shard(self.run_dir, self.world.rank, None)
         if shard is None or "optimizer_only" not in shard:
-            return
-        self.random = shard.get("rng", self.random)
+            return None
         try:
             self.method.load_optimizer_state(shard["optimizer_only"])
         except (ValueError, KeyError, RuntimeError) as exc:  # another optimizer than the save's
@@ -180,6 +215,7 @@ class RunCheckpoints:
                 f"state does not fit this run's ({exc})",
                 file=sys.stderr,
             )
+        return shard
 
     def restore_random_state(self) -> None:
         """Put back the random state of the checkpoint this rank resumed from (its own shard's,

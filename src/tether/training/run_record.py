@@ -1,7 +1,8 @@
 """What a run has done so far, apart from its weights: the step it resumed at, its evaluation
 history, the wall time spent before a resume, the evaluation time left out of the history's
 training time, and when it reached its target. A checkpoint saves it; a resume restores it; the
-summary reports it."""
+summary reports it. (The phase totals and the method's counters are checkpointed with the
+ranks' and the method's state: training.run_checkpoints.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ class RunRecord:
     elapsed_before: float = 0.0  # wall seconds spent before a resume
     eval_s: float = 0.0  # evaluation time, excluded from the history's training time
     time_to_target: float | None = None
+    # wall seconds before a resume whose samples the phase totals do not count (a checkpoint
+    # that kept none: training.run_checkpoints), left out of samples_per_s
+    uncounted_s: float = 0.0
 
     def checkpoint_fields(self, elapsed: float) -> dict[str, Any]:
         """The checkpoint's part of the record (``elapsed``: wall seconds so far)."""

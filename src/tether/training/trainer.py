@@ -14,7 +14,6 @@ object ``tether.init``'s ``wrap`` hands a user's own loop.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,7 +51,7 @@ from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
 from tether.training.objective import Evaluated, Objective
-from tether.training.results import run_summary, write_results
+from tether.training.results import keeps_finished, run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
@@ -134,7 +133,6 @@ class Trainer:
         self.eval_every = eval_interval(
             config.eval_every, spe, self.total_steps, self.scoring.has_data
         )
-        self.totals = PhaseTotals()
         self.tensorboard = None
         identity = {
             "method_name": config.method,
@@ -149,15 +147,18 @@ class Trainer:
         self.record = RunRecord()
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
+        self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
         self.checkpoints.restore_random_state()  # after all that draws at start-up
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
+        # A finished run resumed with nothing left to do: its results and metrics stand.
+        self.kept = self.is_writer and keeps_finished(self.config, self.record, self.total_steps)
         if self.is_writer:
             atomic_write_text(self.run_dir / "config.toml", self.config.to_toml())
-            if self.config.resume:
+            if self.config.resume and not self.kept:
                 # Steps after the checkpoint were lost with the crash; they will be run again.
                 truncate_metrics(self.run_dir / "metrics.jsonl", self.record.start_step)
             if self.config.tensorboard:
@@ -183,7 +184,9 @@ class Trainer:
                         self._evaluate(last)
                     if not self.is_writer:
                         self._save_timeline()
-                    totals = self._all_reduced(self.totals)
+                    # every computing rank's (summary.json's workers counts them all)
+                    group = self.config.model_parallel
+                    totals = self.totals.all_reduced(self.world.all_reduce, group)
                     eval_model = self.method.eval_model()  # collective: every rank calls it
                     model_state = self._model_state(eval_model)  # collective too
                     if self.is_writer:
@@ -201,15 +204,6 @@ class Trainer:
             with contextlib.suppress(OSError):
                 self._save_timeline()
             uninstall_timeline()
-
-    def _all_reduced(self, totals: PhaseTotals) -> PhaseTotals:
-        """Every computing rank's times summed (summary.json's ``workers`` counts them all);
-        under model parallelism the ranks of a model group process the same samples, which
-        are counted once."""
-        tensor = totals.as_tensor()
-        self.world.all_reduce(tensor)
-        summed = PhaseTotals.from_tensor(tensor)
-        return dataclasses.replace(summed, samples=summed.samples // self.config.model_parallel)
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
@@ -233,7 +227,8 @@ class Trainer:
         finally:
             hooks.close()
         last = max(result.global_step, self.record.start_step)
-        hooks.evaluate_last(last)
+        if not self.kept:
+            hooks.evaluate_last(last)
         model_state = self.method.eval_model().state_dict()
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         failure: WorkerFailure | None = None
@@ -372,9 +367,8 @@ class Trainer:
         return full_state_dict(model) if self.grid is not None else model.state_dict()
 
     def _checkpoint(self, step: int) -> None:
-        if self.checkpoints.takes_part:
-            with self.timeline.span("checkpoint", "checkpoint", step=step):
-                self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
+        with self.timeline.span("checkpoint", "checkpoint", step=step):
+            self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
 
     def _write_results(
         self,
@@ -383,6 +377,8 @@ class Trainer:
         model_state: dict[str, Any],
         extra: dict[str, Any],
     ) -> None:
+        if self.kept:
+            return
         summary = run_summary(
             self.config,
             self.task,
