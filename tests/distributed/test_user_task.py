@@ -332,9 +332,14 @@ def _check_step_losses(path: Path, method: str) -> None:
     methods), or each worker's, reported to the server with its messages (or on the shared
     loss board) and covering every step it took, falling as it trains."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    # one evaluation line per step: a server evaluated its last step twice (same numbers)
-    evaluated = [r["step"] for r in records if r.get("event") == "eval"]
+    # one evaluation line per step (a server evaluated its last step twice, same numbers), but
+    # for the saved model's when the weights moved after its step's evaluation (Hogwild's
+    # workers train on while the server evaluates): marked final
+    evaluations = [r for r in records if r.get("event") == "eval"]
+    evaluated = [r["step"] for r in evaluations if not r.get("final")]
     assert len(evaluated) == len(set(evaluated)) and evaluated, (method, evaluated)
+    finals = [r["step"] for r in evaluations if r.get("final")]
+    assert finals in ([], [evaluated[-1]]), (method, evaluations)
     losses = [r for r in records if "loss" in r and "event" not in r]
     clock = [r["time_s"] for r in losses]  # the training clock, for loss-against-time curves
     assert clock == sorted(clock) and clock[0] >= 0, (method, clock)

@@ -46,7 +46,7 @@ class ServerProgress:
         eval_every: int,
         metrics: MetricsLog,
         tensorboard: Any,
-        evaluate: Callable[[int], dict[str, float]],
+        evaluate: Callable[[int, bool], dict[str, float]],
         checkpoint: Callable[[int], None],
         clock: Callable[[], float],
         parameters: Callable[[], torch.Tensor],
@@ -71,17 +71,18 @@ class ServerProgress:
     def close(self) -> None:
         self.bar.close()
 
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Evaluate the served model at ``step``, remembering the parameters it scored."""
         self.evaluated = self.parameters().clone()
-        return self._evaluate(step)
+        return self._evaluate(step, final)
 
     def evaluate_last(self, step: int) -> None:
         """The final evaluation, of the model that is saved. An evaluation at this step may
         already be there, but the weights can have moved since (exchanges that arrive between
         two global steps move them without advancing the count): evaluated again only then,
         replacing that entry and the time to target it may have set (the same numbers twice
-        cost a second evaluation and a second line)."""
+        cost a second evaluation and a second line). metrics.jsonl, append-only, then holds
+        both lines of the step; the second, the saved model's, is marked ``"final": true``."""
         previous = self.record.history[-1] if self.record.history else None
         if previous is not None and previous["step"] == step:
             if self.evaluated is not None and torch.equal(self.evaluated, self.parameters()):
@@ -89,6 +90,8 @@ class ServerProgress:
             self.record.history.pop()
             if self.record.time_to_target == previous["time_s"]:
                 self.record.time_to_target = None
+            self.evaluate(step, final=True)
+            return
         self.evaluate(step)
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:

@@ -340,11 +340,11 @@ class Trainer:
         if merge:
             merge_timeline(self.run_dir)
 
-    def _evaluate(self, step: int) -> dict[str, float]:
+    def _evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         with self.timeline.span("evaluate", "eval", step=step):
-            return self._evaluate_now(step)
+            return self._evaluate_now(step, final)
 
-    def _evaluate_now(self, step: int) -> dict[str, float]:
+    def _evaluate_now(self, step: int, final: bool) -> dict[str, float]:
         begin = time.perf_counter()
         result = dict(self.scoring.score())
         if self.method.evaluation_pauses_workers:
@@ -357,6 +357,7 @@ class Trainer:
             "step": step,
             "epoch": step / self.steps_per_epoch,
             **{f"test_{name}": value for name, value in result.items()},
+            **({"final": True} if final else {}),  # a second evaluation of its step
         }
         record_evaluation(self.record, self.metrics, self.tensorboard, self.target, entry, result)
         return result
