@@ -151,6 +151,14 @@ def check_global_batch(config: TrainConfig, samples: int) -> None:
         )
 
 
+def method_backend(method: str, requested: str) -> str:
+    """The backend to ask for: ``auto`` is gloo for a method whose weights are shared in host
+    memory (Hogwild), which a GPU's NCCL backend would only make refuse to start; otherwise
+    as requested (``auto`` then looks at the node's GPUs: tether.launch.worker.resolve_backend)."""
+    host_memory = getattr(METHODS.get(method), "host_memory", False)
+    return "gloo" if requested == "auto" and host_memory else requested
+
+
 def gpu_free_ranks(method: str) -> int:
     """The ranks of ``method`` that need no GPU of their own (tether.launch.worker.place)."""
     chosen = METHODS.get(method)
@@ -169,7 +177,8 @@ def check_launch(config: TrainConfig) -> None:
         raise TetherError(
             f"fault_rank {config.fault_rank} is not a rank of this run (ranks 0..{processes - 1})"
         )
-    resolve_backend(config.backend, processes, gpu_free_ranks(config.method))
+    backend = method_backend(config.method, config.backend)
+    resolve_backend(backend, processes, gpu_free_ranks(config.method))
     # every local process is one part of this node (refuses more threads than cores)
     cores = usable_cores()
     plan_partition(processes, config.threads_per_worker, config.pin_workers, cores)

@@ -14,7 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from tether.catalog import gpu_free_ranks, task_from_config
+from tether.catalog import gpu_free_ranks, method_backend, task_from_config
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides
@@ -49,7 +49,7 @@ def run_worker(config_toml: str, task_file: str | None = None) -> None:
     ``task_file`` the task ``tether.fit`` wrote (None: build it from the config's names)."""
     config = apply_overrides(TrainConfig(), tomllib.loads(config_toml))
     setup = init_worker(
-        config.backend,
+        method_backend(config.method, config.backend),
         config.timeout_s,
         config.threads_per_worker,
         config.pin_workers,

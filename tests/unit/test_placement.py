@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.catalog import check_launch, gpu_free_ranks
+from tether.catalog import check_launch, gpu_free_ranks, method_backend
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.launch import cpuset, worker
@@ -171,3 +171,14 @@ def test_sync_methods_and_hogwild_still_want_a_gpu_per_rank(gpus, monkeypatch) -
     check_launch(TrainConfig(method="async-sgd", workers=1, backend="nccl"))
     with pytest.raises(TetherError, match="one GPU per rank: 2 ranks"):
         check_launch(TrainConfig(method="sync-sgd", workers=2, backend="nccl"))
+
+
+def test_hogwild_runs_on_the_cpu_where_the_node_has_gpus(gpus) -> None:
+    """Its vector is shared in host memory: auto chose NCCL on a node with a GPU per rank, and
+    the method then refused to start ("run it on CPU (--backend gloo)")."""
+    gpus(4)
+    for method in ("hogwild-sgd", "hogwild-easgd"):
+        assert method_backend(method, "auto") == "gloo"
+        assert method_backend(method, "nccl") == "nccl"  # asked for: the method says no
+    assert method_backend("sync-sgd", "auto") == "auto"  # the node's GPUs decide
+    assert resolve_backend(method_backend("sync-sgd", "auto"), 3) == "nccl"

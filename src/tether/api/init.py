@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tether.api.context import Context
-from tether.catalog import check_names, gpu_free_ranks, method_defaults
+from tether.catalog import check_names, gpu_free_ranks, method_backend, method_defaults
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
@@ -92,7 +92,7 @@ def init(method: str | None = None, **options: Any) -> Context:
         warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
-    backend, device = place(config.backend, env, gpu_free_ranks(method))
+    backend, device = place(method_backend(method, config.backend), env, gpu_free_ranks(method))
     global _generation
     store = rendezvous_store(env, config.timeout_s, _generation)
     _generation += 1

@@ -83,9 +83,11 @@ class HogwildMethod(ServerMethod):
     """A server method whose workers meet in shared memory instead of messages."""
 
     shared_name: ClassVar[str] = "weights"
-    # Its ranks meet in host memory, so its server spares no GPU: backend auto decides for every
-    # rank as for a sync method (gloo on a node with fewer GPUs than ranks, as the vector needs).
+    # Its ranks meet in host memory, so its server spares no GPU of the workers'.
     gpu_free_server: ClassVar[bool] = False
+    # The shared vector lives in host memory: `--backend auto` runs these methods on the CPU
+    # even where the node has GPUs (tether.catalog.method_backend).
+    host_memory: ClassVar[bool] = True
     # The workers never wait for the server, so they keep training while it evaluates.
     evaluation_pauses_workers: ClassVar[bool] = False
 
