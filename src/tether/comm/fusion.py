@@ -140,6 +140,7 @@ class GradientBucketer:
     def zero_grad(self) -> None:
         """Zero the flat gradient, every parameter's ``.grad`` a view into it (the optimizer's
         ``zero_grad`` for these parameters: one memset, nothing reallocated)."""
+        self._finish_queued = False  # (a backward that raised never ran the finish it queued)
         self.flat.zero_()
         for p, view in zip(self.params, self._views, strict=True):
             p.grad = view
