@@ -55,6 +55,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+def _setenv(patch: pytest.MonkeyPatch, values: dict[str, str]) -> None:
+    for key, value in values.items():
+        patch.setenv(key, value)
+
+
 def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
     values = {
         "RANK": "3",
@@ -68,8 +73,7 @@ def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
         "OMPI_COMM_WORLD_RANK": "1",
         "OMPI_COMM_WORLD_SIZE": "2",
     }
-    for key, value in values.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, values)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 8, 1, 2)
     assert (env.master_addr, env.master_port, env.source, env.agent_store) == (
@@ -81,13 +85,15 @@ def test_torchrun(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_kubeflow_pytorchjob(clean_env: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "RANK": "2",
-        "WORLD_SIZE": "4",
-        "MASTER_ADDR": "job-master-0",
-        "MASTER_PORT": "23456",
-    }.items():
-        clean_env.setenv(key, value)
+    _setenv(
+        clean_env,
+        {
+            "RANK": "2",
+            "WORLD_SIZE": "4",
+            "MASTER_ADDR": "job-master-0",
+            "MASTER_PORT": "23456",
+        },
+    )
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 4, 0, 1)
     assert (env.master_addr, env.master_port, env.source) == ("job-master-0", 23456, "kubeflow")
@@ -103,8 +109,7 @@ def test_slurm_srun_step(clean_env: pytest.MonkeyPatch) -> None:
         "SLURM_JOB_ID": "123456",
         "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
     }
-    for key, value in values.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, values)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 2)
     assert (env.master_addr, env.master_port, env.source) == ("gpu07", 20000 + 3456, "slurm")
@@ -138,8 +143,7 @@ def test_slurm_uneven_steps(
     values["SLURM_STEP_TASKS_PER_NODE"] = layout
     if given:
         values |= {"SLURM_NODEID": str(node), "SLURM_LOCALID": str(local[0])}
-    for key, value in values.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, values)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (
         rank,
@@ -170,8 +174,7 @@ def test_slurm_tasks_per_node_lists() -> None:
 def test_slurm_layouts_that_contradict_themselves(
     clean_env: pytest.MonkeyPatch, values: dict[str, str], message: str
 ) -> None:
-    for key, value in {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", **values}.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", **values})
     with pytest.raises(TetherError, match=message) as refused:
         DistEnv.detect()
     assert "\n" not in str(refused.value) and "srun" in str(refused.value)
@@ -191,8 +194,7 @@ def test_slurm_layouts_that_contradict_themselves(
     ids=["mpich", "openmpi"],
 )
 def test_mpi(clean_env: pytest.MonkeyPatch, values: dict[str, str]) -> None:
-    for key, value in values.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, values)
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (1, 3, 1, 3)
     assert env.source == "mpi" and env.master_port is None  # agreed on through MPI
@@ -209,8 +211,7 @@ def test_mpi(clean_env: pytest.MonkeyPatch, values: dict[str, str]) -> None:
 def test_mpi_port_without_address(
     clean_env: pytest.MonkeyPatch, rank: str, size: str, local_size: str
 ) -> None:
-    for key, value in {rank: "1", size: "4", local_size: "4", "MASTER_PORT": "29500"}.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, {rank: "1", size: "4", local_size: "4", "MASTER_PORT": "29500"})
     # every rank on this machine: loopback is where they meet
     env = DistEnv.detect()
     assert (env.master_addr, env.master_port, env.local_world_size) == ("127.0.0.1", 29500, 4)
@@ -246,8 +247,7 @@ def test_mpiexec_inside_another_launcher(
     clean_env: pytest.MonkeyPatch, values: dict[str, str], outer: dict[str, str]
 ) -> None:
     # mpiexec started this rank: its variables win over the ones every rank inherited
-    for key, value in {**outer, **values}.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, {**outer, **values})
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.source) == (2, 4, "mpi")
 
@@ -255,18 +255,20 @@ def test_mpiexec_inside_another_launcher(
 def test_srun_with_pmi2_is_a_slurm_step(clean_env: pytest.MonkeyPatch) -> None:
     # srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE to its own rank and task count (no Hydra locals):
     # SLURM's variables describe the same task and say more (node layout, address)
-    for key, value in {
-        "PMI_RANK": "3",
-        "PMI_SIZE": "4",
-        "SLURM_PROCID": "3",
-        "SLURM_NTASKS": "4",
-        "SLURM_STEP_NUM_TASKS": "4",
-        "SLURM_LOCALID": "1",
-        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-        "SLURM_STEP_NODELIST": "n[1-2]",
-        "SLURM_JOB_ID": "42",
-    }.items():
-        clean_env.setenv(key, value)
+    _setenv(
+        clean_env,
+        {
+            "PMI_RANK": "3",
+            "PMI_SIZE": "4",
+            "SLURM_PROCID": "3",
+            "SLURM_NTASKS": "4",
+            "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_LOCALID": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "SLURM_STEP_NODELIST": "n[1-2]",
+            "SLURM_JOB_ID": "42",
+        },
+    )
     env = DistEnv.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert (env.source, env.master_addr, env.master_port) == ("slurm", "n1", 20042)
@@ -300,8 +302,7 @@ def test_srun_with_pmi2_is_a_slurm_step(clean_env: pytest.MonkeyPatch) -> None:
 def test_a_variable_that_is_not_an_integer(
     clean_env: pytest.MonkeyPatch, values: dict[str, str], wrong: str
 ) -> None:
-    for key, value in values.items():
-        clean_env.setenv(key, value)
+    _setenv(clean_env, values)
     with pytest.raises(TetherError) as refused:
         DistEnv.detect()
     message = str(refused.value)
