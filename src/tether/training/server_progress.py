@@ -6,6 +6,8 @@ target."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +18,8 @@ from tether.observe.metrics import MetricsLog
 from tether.observe.progress import progress_bar
 from tether.targets import Target
 from tether.training.run_record import RunRecord
+
+SLOW_EVALUATION = 0.5  # of --timeout: an evaluation this long is said to be near it
 
 
 def evaluation_postfix(target: Target | None, result: dict[str, float]) -> dict[str, str]:
@@ -50,6 +54,7 @@ class ServerProgress:
         checkpoint: Callable[[int], None],
         clock: Callable[[], float],
         parameters: Callable[[], torch.Tensor],
+        workers_wait: bool = True,
     ) -> None:
         self.config = config
         self.record = record
@@ -58,6 +63,9 @@ class ServerProgress:
         self._evaluate = evaluate
         self.parameters = parameters  # the served model's, flat
         self.evaluated: torch.Tensor | None = None  # the parameters last evaluated
+        # Whether the workers wait for their replies while the server evaluates (not Hogwild's):
+        # an evaluation near --timeout then reads to them as a hung server (said once).
+        self.workers_wait = workers_wait
         self.checkpoint = checkpoint
         self.clock = clock
         self.eval_every = eval_every
@@ -74,7 +82,20 @@ class ServerProgress:
     def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Evaluate the served model at ``step``, remembering the parameters it scored."""
         self.evaluated = self.parameters().clone()
-        return self._evaluate(step, final)
+        start = time.perf_counter()
+        result = self._evaluate(step, final)
+        took = time.perf_counter() - start
+        if self.workers_wait and took > SLOW_EVALUATION * self.config.timeout_s:
+            print(
+                f"tether: warning: an evaluation took {took:.1f} s, near --timeout "
+                f"{self.config.timeout_s:g} s: the workers wait for their replies while the "
+                "server evaluates, and one that waits --timeout gives the server up; raise "
+                "--timeout, or evaluate less (--eval-every, a smaller eval set)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.workers_wait = False  # once
+        return result
 
     def evaluate_last(self, step: int) -> None:
         """The final evaluation, of the model that is saved. An evaluation at this step may

@@ -221,6 +221,7 @@ class Trainer:
             lambda: torch.cat(
                 [p.detach().reshape(-1) for p in self.method.eval_model().parameters()]
             ),
+            self.method.evaluation_pauses_workers,
         )
         try:
             result = self.method.serve(hooks)
