@@ -119,12 +119,25 @@ def test_the_command_line_says_it_in_one_line_and_exits_2(
     ]
 
 
-def _fit_config(run: Path, **options: Any) -> TrainConfig:
+def _fit_config(
+    run: Path, method: str | None = None, workers: int | None = None, **options: Any
+) -> TrainConfig:
+    """What ``tether.fit(..., method, workers, out=run, resume=True, **options)`` would run."""
     from tether.api.fit import _config
 
     data = torch.utils.data.TensorDataset(torch.zeros(64, 4), torch.zeros(64, dtype=torch.long))
-    args = ("sync-sgd", 2, 1, None, str(run), None, None, True, options)
+    epochs = options.pop("epochs", None)
+    args = (method, workers, epochs, None, str(run), None, None, True, options)
     return _config(torch.nn.Linear(4, 2), data, None, None, None, None, *args)[0]
+
+
+def test_fit_resume_leaves_method_workers_and_epochs_to_the_run(tmp_path: Path) -> None:
+    """fit's own defaults (sync-easgd, 2 workers, 1 epoch) went over the run's: a 3-epoch run
+    resumed without ``epochs=3`` ended at once, cut short, and config.toml said 1 epoch."""
+    run = _run(tmp_path, model="Linear", dataset="TensorDataset", workers=4, epochs=3, steps=None)
+    kept = _fit_config(run)
+    assert (kept.method, kept.workers, kept.epochs, kept.steps) == ("sync-sgd", 4, 3, None)
+    assert _fit_config(run, method="sync-sgd", workers=4, epochs=5).epochs == 5
 
 
 def test_fit_resume_takes_the_runs_settings_and_refuses_others(tmp_path: Path) -> None:

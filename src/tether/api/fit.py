@@ -78,9 +78,9 @@ def fit(
     optimizer: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | str | None = None,
     scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | str | None = None,
     metrics: Mapping[str, Callable[..., float]] | Iterable[str] | None = None,
-    method: str = "sync-easgd",
-    workers: int = 2,
-    epochs: int = 1,
+    method: str | None = None,
+    workers: int | None = None,
+    epochs: int | None = None,
     batch_size: int | None = None,
     out: str | Path | None = None,
     target: tuple[str, float] | tuple[str, str, float] | str | None = None,
@@ -91,7 +91,9 @@ def fit(
     overwrite: bool = False,
     **options: Any,
 ) -> FitResult:
-    """Train ``model`` on ``train_data`` with ``method`` on ``workers`` local processes.
+    """Train ``model`` on ``train_data`` with ``method`` (default sync-easgd) on ``workers``
+    local processes (default 2) for ``epochs`` (default 1; with ``resume=True`` the three
+    default to the run's).
 
     - ``model``: an ``nn.Module``, a zero-argument callable returning one, or a registered name /
       import path.
@@ -178,6 +180,9 @@ def check_fit(
         check_global_batch(config, len(train_data))
 
 
+FIT_DEFAULTS = {"method": "sync-easgd", "workers": 2, "epochs": 1}
+
+
 def _config(
     model: Any,
     train_data: Any,
@@ -185,9 +190,9 @@ def _config(
     optimizer: Any,
     scheduler: Any,
     metrics: Any,
-    method: str,
-    workers: int,
-    epochs: int,
+    method: str | None,
+    workers: int | None,
+    epochs: int | None,
     batch_size: int | None,
     out: Any,
     target: Any,
@@ -197,10 +202,12 @@ def _config(
 ) -> tuple[TrainConfig, set[str], set[str]]:
     """The run's config, the keys the caller set (for the ignored-setting warnings) and the
     components it gave as objects rather than names."""
+    # Left out: the defaults, or on a resume the run's own (its saved config is the base).
+    fresh = {} if resume else FIT_DEFAULTS
+    named = {"method": method, "workers": workers, "epochs": epochs}
     values: dict[str, Any] = {
-        "method": method,
-        "workers": workers,
-        "epochs": epochs,
+        **fresh,
+        **{key: value for key, value in named.items() if value is not None},
         **options,
     }
     if batch_size is not None:  # None: the method's default (64, or held: docs/api.md)
@@ -226,7 +233,7 @@ def _config(
             raise TetherError(f"log must be 'tensorboard' or None, got {log!r}")
         values["tensorboard"] = True
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    values["out"] = str(out) if out is not None else f"runs/{method}-{stamp}"
+    values["out"] = str(out) if out is not None else f"runs/{values['method']}-{stamp}"
     saved = None
     if resume:
         if out is None:
