@@ -208,7 +208,19 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     _train(run, None, _cosine, **hogwild)
     dist.barrier()
     hogwild_resumed = _train(run, None, _cosine, **hogwild, resume=True)
+    # hogwild-sgd, momentum SGD: each worker's own velocity (the method's state, loaded after
+    # it, held the server's empty optimizer and went over it)
+    run = base / "hogwild-sgd"
+    hogwild = {"method": "hogwild-sgd", "steps": 12, "checkpoint_every": 4, "eval_every": 12}
+    _train(run, _momentum_sgd, **hogwild)
+    hogwild_saved = torch.load(shard_path(run, rank), weights_only=True) if rank else None
+    dist.barrier()
+    hogwild_sgd = _train(run, _momentum_sgd, **hogwild, resume=True)
     if rank:
+        out["hogwild-sgd"] = {
+            "saved": hogwild_saved,
+            "resumed": hogwild_sgd.method.optimizer_state(),
+        }
         schedule = hogwild_resumed.method.scheduler
         out["hogwild-schedule"] = schedule.last_epoch  # type: ignore[union-attr]
         out["async-easgd-momentum"] = {
@@ -303,8 +315,16 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
         assert resumed["scaler"] == saved["scaler"], rank
         assert own["schedule"] == 12, own["schedule"]  # the checkpoint's step
         assert ranks[rank]["shard-resume"]["hogwild-schedule"] == 12, rank
-        velocities = [s["momentum_buffer"] for s in saved["optimizer"]["state"].values()]
-        assert velocities and any(np.abs(v).sum() > 0 for v in velocities), rank
-        for key, value in saved["optimizer"]["state"].items():
-            resumed_velocity = resumed["optimizer"]["state"][key]["momentum_buffer"]
-            assert np.array_equal(resumed_velocity, value["momentum_buffer"]), (rank, key)
+        _check_velocities(saved["optimizer"], resumed["optimizer"], rank)
+        hogwild = ranks[rank]["shard-resume"]["hogwild-sgd"]
+        saved_optimizer = hogwild["saved"]["optimizer_only"]["optimizer"]
+        _check_velocities(saved_optimizer, hogwild["resumed"]["optimizer"], rank)
+
+
+def _check_velocities(saved: dict[str, Any], resumed: dict[str, Any], rank: int) -> None:
+    """The resumed optimizer holds the saved velocities, which are not a fresh optimizer's."""
+    velocities = [s["momentum_buffer"] for s in saved["state"].values()]
+    assert velocities and any(np.abs(v).sum() > 0 for v in velocities), rank
+    for key, value in saved["state"].items():
+        resumed_velocity = resumed["state"][key]["momentum_buffer"]
+        assert np.array_equal(resumed_velocity, value["momentum_buffer"]), (rank, key)

@@ -167,16 +167,18 @@ class RunCheckpoints:
                 "same workers and model_parallel; some are missing or were written by another "
                 "grid"
             )
-        own = shard
-        if self.optimizer_only and not self.is_writer:
-            own = self._restore_optimizer(state)
-        self.random = (own or state).get("rng")
         if shard is not None:
             self.method.model.load_state_dict(shard["model"])
             self.method.load_state_dict({**shard["method"], "own_replica": True})
         else:
             self.method.model.load_state_dict(state["model"])
             self.method.load_state_dict(state["method"])
+        own = shard
+        if self.optimizer_only and not self.is_writer:
+            # after the method's state, which may hold the server's optimizer (Hogwild's
+            # methods load it on every rank): the worker's own goes over it
+            own = self._restore_optimizer(state)
+        self.random = (own or state).get("rng")
         record = RunRecord.resumed(state)
         if not self._restore_totals(state, own, complete):
             record.uncounted_s = record.elapsed_before
