@@ -68,3 +68,43 @@ def test_buckets_launch_during_backward_only_when_overlapping() -> None:
         # being computed; without overlap, only after backward had computed every gradient
         computed = [when for _, when in reducer.launched]
         assert all(computed) is not overlap and computed[-1]
+
+
+def test_a_pass_after_a_backward_that_raised_sends_every_bucket_once() -> None:
+    """The failed pass's countdowns and launches stayed: the next pass skipped the buckets
+    already sent and launched others before their gradients were computed, so the replicas
+    stepped on partly local gradients."""
+    import pytest
+    import torch
+    from torch import nn
+
+    from tether.comm.fusion import GradientBucketer
+
+    class RaiseOnce(torch.autograd.Function):
+        armed = True
+
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[override]
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            if RaiseOnce.armed:
+                RaiseOnce.armed = False
+                raise RuntimeError("a user's backward failed")
+            return grad
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(8, 16), nn.Linear(16, 4)
+    params = [*first.parameters(), *second.parameters()]
+    reducer = _RecordingReducer(params)
+    bucketer = GradientBucketer(params, reducer, 1e-4)
+    x = torch.randn(3, 8)
+    with pytest.raises(RuntimeError, match="backward failed"):
+        second(RaiseOnce.apply(first(x))).sum().backward()  # second's buckets go, then it fails
+    assert reducer.launched  # the failed pass had sent some buckets
+    bucketer.zero_grad()
+    reducer.launched.clear()
+    second(RaiseOnce.apply(first(x))).sum().backward()
+    assert sum(size for size, _ in reducer.launched) == sum(p.numel() for p in params)
+    assert reducer.launched[-1][1]  # the last bucket went once every gradient was computed

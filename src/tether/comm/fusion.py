@@ -128,8 +128,8 @@ class GradientBucketer:
         # the last pass it ended (handed to the next finish() call: the step's exposed wait).
         self._finish_queued = False
         self._finished: tuple[float, float] | None = None
-        self.zero_grad()
         self._arm()
+        self.zero_grad()
 
     def _make_hook(self, index: int):
         def hook(param: torch.Tensor) -> None:
@@ -139,8 +139,15 @@ class GradientBucketer:
 
     def zero_grad(self) -> None:
         """Zero the flat gradient, every parameter's ``.grad`` a view into it (the optimizer's
-        ``zero_grad`` for these parameters: one memset, nothing reallocated)."""
-        self._finish_queued = False  # (a backward that raised never ran the finish it queued)
+        ``zero_grad`` for these parameters: one memset, nothing reallocated).
+
+        A backward that raised left its pass half done (buckets counted down or launched, the
+        finish it queued never run): what it launched lands first (an all-reduce in flight
+        writes into the buffer), and the next pass starts afresh."""
+        for handle in self._handles:
+            handle.wait()
+        self._arm()
+        self._finish_queued = False
         self.flat.zero_()
         for p, view in zip(self.params, self._views, strict=True):
             p.grad = view
