@@ -13,7 +13,9 @@ by P in its own precision, cast to fp16 or bf16, summed on the wire, and cast ba
 first means the fp16 sum of P values is bounded by the largest of them, so it overflows only if
 an input already does (65504 is fp16's largest value); bf16 has fp32's range but 8 bits of
 mantissa. Each element of the mean is within ``(2P-1) * u * mean_i |x_i|`` of the exact one, with
-``u = 2^-11`` (fp16) or ``2^-8`` (bf16): the P casts and the P-1 additions each round once.
+``u = 2^-11`` (fp16) or ``2^-8`` (bf16): the P casts and the P-1 additions each round once;
+for fp16 only while ``x_i / P`` stays above its smallest normal value (6.1e-5): smaller values
+are subnormal, with fewer bits, down to 0 (bf16 keeps fp32's range).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tether.comm.collectives.native import Native
 from tether.comm.collectives.registry import COLLECTIVES
 from tether.comm.comm_thread import CommThread
 from tether.comm.transport import Transport
+from tether.errors import TetherError
 from tether.observe.timeline import get_timeline
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -102,11 +105,31 @@ class AllReducer:
         self._last_native_end = 0.0
 
     def _resolve(self, algorithm: str, ranks_per_node: int, cache_dir: Path | None) -> Collective:
+        if algorithm in ("hierarchical", "auto"):
+            ranks_per_node = self._agreed_node_size(ranks_per_node, algorithm)
         if algorithm == "hierarchical":
             return Hierarchical(ranks_per_node=ranks_per_node or None)
         if algorithm == "auto":
             return Auto(load_or_calibrate(self.transport, cache_dir, ranks_per_node or None))
         return COLLECTIVES.get(algorithm)
+
+    def _agreed_node_size(self, ranks_per_node: int, algorithm: str) -> int:
+        """The node size every rank uses (collective: each rank knows only its own node's).
+        Nodes of different sizes (``srun -n 4 -N 3``: 2, 1 and 1) built schedules that did not
+        match, and every rank waited out the timeout blaming a live peer: ``hierarchical`` is
+        refused on every rank, and ``auto`` calibrates the group as one node (0)."""
+        sizes = torch.tensor([ranks_per_node, -ranks_per_node], dtype=torch.int64)
+        self.transport.all_reduce(sizes, op="max")
+        largest, smallest = int(sizes[0]), -int(sizes[1])
+        if largest == smallest:
+            return ranks_per_node
+        if algorithm == "hierarchical":
+            raise TetherError(
+                f"the hierarchical all-reduce needs the same number of ranks on every node; "
+                f"this run's nodes hold {smallest} to {largest}: use --allreduce ring (or auto), "
+                "or an even layout (--ranks-per-node N for nodes of N)"
+            )
+        return 0
 
     def _chosen(self, wire: torch.Tensor) -> Collective:
         if isinstance(self.algorithm, Auto):
@@ -120,6 +143,12 @@ class AllReducer:
         if self.wire_dtype is not None and self.wire_dtype != tensor.dtype:
             wire = (tensor / p).to(self.wire_dtype)  # pre-divided: the fp16 sum cannot overflow
             pending = PendingReduce(tensor, wire, multiply_by=1 if average else p)
+        elif self.wire_dtype is not None and average:
+            # already in the wire's format: divided in place first, for the same reason (an
+            # fp16 mean of 40000 summed to inf on 2 ranks)
+            tensor.div_(p)
+            pending = PendingReduce(tensor, tensor)
+            wire = tensor
         else:
             pending = PendingReduce(tensor, tensor, divide_by=p if average else 1)
             wire = tensor
