@@ -113,6 +113,7 @@ def test_default_algorithms_are_every_one_implementing_the_op() -> None:
         ({"op": "scatter"}, "unknown --op 'scatter'; valid ops: allreduce, broadcast, reduce"),
         ({"algos": "rnig"}, "unknown collective 'rnig'; valid collectives: "),
         ({"algos": "chain"}, "collective 'chain' does not implement allreduce; algorithms for"),
+        ({"algos": ","}, "--algo ',' names no algorithm; algorithms for allreduce: "),
         ({"op": "allgather", "algos": "chain"}, "collective 'chain' does not implement allgather"),
         ({"transport": "nccl"}, "unknown --transport 'nccl'"),
         ({"repeats": 0}, "--repeats must be in 1.."),
@@ -432,5 +433,44 @@ def test_emulated_node_layout_errors() -> None:
         check_nodes(4, 3, None)
     with pytest.raises(TetherError, match="give --nodes >= 2"):
         check_nodes(4, 1, 100.0)
-    with pytest.raises(TetherError, match="--link-mbit must be > 0"):
-        check_nodes(4, 2, 0.0)
+    for rate in (0.0, float("nan"), float("inf")):  # nan and inf crashed after the set-up
+        with pytest.raises(TetherError, match="--link-mbit must be a finite rate > 0"):
+            check_nodes(4, 2, rate)
+
+
+def test_an_out_that_cannot_be_a_directory_is_one_line(tmp_path: Path, capsys) -> None:
+    """A file in the way raised FileExistsError (or NotADirectoryError) with a traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "under"):
+        code = main(["bench", "comm", "--algo", "ring", "--sizes", "4B", "--out", str(out)])
+        said = capsys.readouterr().err.strip()
+        assert code == 2 and said.startswith(f"tether: error: --out {out}: cannot make"), said
+
+
+def test_an_emulated_cluster_calibrates_afresh_in_a_reused_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibration cache of an earlier run in the same --out (another link rate) was reused:
+    a run at 10 Mbit/s predicted with the 1000 Mbit/s calibration, 100 times off."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import tether.launch.netns as netns
+    import tether.launch.netns_torchrun as netns_torchrun
+    from tether.bench.emulated import launch_emulated
+
+    stale = tmp_path / "calibration" / "host-gloo-p2-g1.json"
+    stale.parent.mkdir()
+    stale.write_text("{}")
+    seen: list[bool] = []
+
+    def torchrun_across(cluster, per_node, argv, timeout, env, python):
+        seen.append(Path(env["TETHER_CACHE_DIR"], stale.name).exists())
+        return SimpleNamespace(output=lambda: "", failure=lambda: None)
+
+    monkeypatch.setattr(netns, "available", lambda: None)
+    monkeypatch.setattr(netns, "EmulatedCluster", lambda n, link_mbit: contextlib.nullcontext())
+    monkeypatch.setattr(netns_torchrun, "torchrun_across", torchrun_across)
+    launch_emulated(2, 2, 10.0, "tether.bench.comm_worker", [], 10.0, tmp_path)
+    assert seen == [False]

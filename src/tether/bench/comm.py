@@ -189,6 +189,10 @@ def resolve_args(
         from tether.comm.collectives import COLLECTIVES
 
         names = tuple(dict.fromkeys(a.strip() for a in algos.split(",") if a.strip()))
+        if not names:  # "," named none (the worker then timed every one)
+            raise TetherError(
+                f"--algo {algos!r} names no algorithm; algorithms for {op}: {', '.join(valid)}"
+            )
         for name in names:
             COLLECTIVES.get(name)  # unknown name: the registry's error lists the valid ones
             if name not in valid:
@@ -343,7 +347,10 @@ def run_comm_bench(
         resolve_backend(args.backend, workers // max(nodes, 1))  # nccl needs a GPU per rank
     if nodes > 1 and args.transport != "torch":
         raise TetherError("--nodes runs torchrun across emulated nodes: use --transport torch")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, a path under a file, no permission
+        raise TetherError(f"--out {out_dir}: cannot make the directory ({exc.strerror})") from None
     out_file = out_dir / "comm.json"
     out_file.unlink(missing_ok=True)
     argv = worker_argv(args, out_file, args.timeout_s)

@@ -9,6 +9,8 @@ rank over the slow links where a flat ring sends 2(P-1)/P*n) without renting one
 
 from __future__ import annotations
 
+import math
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +22,8 @@ def check_nodes(workers: int, nodes: int, link_mbit: float | None) -> None:
     """Refuse a layout the emulation cannot run, before anything starts."""
     if nodes < 1:
         raise TetherError(f"--nodes must be >= 1, got {nodes}")
-    if link_mbit is not None and link_mbit <= 0:
-        raise TetherError(f"--link-mbit must be > 0, got {link_mbit:g}")
+    if link_mbit is not None and not (0 < link_mbit < math.inf):  # nan too
+        raise TetherError(f"--link-mbit must be a finite rate > 0, got {link_mbit:g}")
     if link_mbit is not None and nodes < 2:
         raise TetherError("--link-mbit shapes the links between emulated nodes: give --nodes >= 2")
     if workers % nodes:
@@ -48,14 +50,16 @@ def launch_emulated(
     reason = available()
     if reason is not None:
         raise TetherError(f"--nodes needs network namespaces, which are unavailable: {reason}")
+    # An emulated network lives for one run: calibrate it afresh, never reuse the cache of
+    # another link rate (the cache is keyed by host, backend and group shape), even when --out
+    # names the directory of an earlier run.
+    shutil.rmtree(run_dir / "calibration", ignore_errors=True)
     with EmulatedCluster(nodes, link_mbit=link_mbit) as cluster:
         result = torchrun_across(
             cluster,
             workers // nodes,
             ["-m", module, *argv],
             timeout=timeout_s + 60,  # start-up of every node's torchrun, then the ranks' deadline
-            # An emulated network lives for one run: calibrate it afresh, never reuse the cache
-            # of another link rate (the cache is keyed by host, backend and group shape).
             env={"TETHER_CACHE_DIR": str(run_dir / "calibration")},
             python=sys.executable,
         )
