@@ -186,6 +186,11 @@ def test_a_measurement_is_announced_with_its_reason_and_a_cached_one_is_silent(
     path.write_text(path.read_text().replace(f'"version": {VERSION}', '"version": 1'))
     load_or_calibrate(alone, tmp_path, backend="gloo")  # type: ignore[arg-type]
     assert "from an older Tether" in capsys.readouterr().err
+    # valid JSON of another shape failed as an AttributeError on rank 0 (the others then lost
+    # their connection) instead of being measured again
+    path.write_text(f'{{"version": {VERSION}, "measured": 3}}')
+    load_or_calibrate(alone, tmp_path, backend="gloo")  # type: ignore[arg-type]
+    assert "unreadable or from an older Tether" in capsys.readouterr().err
     load_or_calibrate(alone, tmp_path, backend="gloo", refresh=True)  # type: ignore[arg-type]
     assert "asked to measure again" in capsys.readouterr().err
 

@@ -60,7 +60,8 @@ def load_or_calibrate(
         if path.exists():
             try:
                 cached = Calibration.from_json(path.read_text())
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, AttributeError, OSError):
+                # (valid JSON of another shape fails as an attribute lookup)
                 why = "the cached one is unreadable or from an older Tether"
     have = torch.tensor([1 if cached is not None else 0], dtype=torch.int64)
     if world > 1:
