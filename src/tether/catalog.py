@@ -3,7 +3,8 @@
 The command line and config files name components (``--model lenet5``, ``--loss mse``,
 ``--optimizer adamw``, or ``mypkg.nets:build`` for the user's own); this module is the one place
 that knows every registry and resolves those names. It also applies a method's tuned defaults,
-checks every name before any process starts, (:mod:`tether.ignored_settings` warns about settings the chosen method ignores.)
+checks every name before any process starts (:mod:`tether.ignored_settings` warns about the
+settings the chosen method ignores).
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ class DistEnv:
     def read() -> DistEnv:
         """The launcher-provided placement of this process (defaults: a single process)."""
         env = os.environ
-        port = env.get("MASTER_PORT")
         world = _int(env, "WORLD_SIZE", 1)
         return DistEnv(
             rank=_int(env, "RANK", 0),
@@ -48,7 +47,7 @@ class DistEnv:
             local_rank=_int(env, "LOCAL_RANK", 0),
             local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int(env, "MASTER_PORT") if port else None,
+            master_port=_set_int(env, "MASTER_PORT"),
             run_id=env.get("TORCHELASTIC_RUN_ID"),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         )
@@ -118,8 +117,7 @@ def cache_dir() -> Path:
 def launcher_local_world_size() -> int | None:
     """Processes per node as the launcher reports it (LOCAL_WORLD_SIZE), None when no launcher
     says: the node layout the hierarchical collectives use."""
-    value = os.environ.get("LOCAL_WORLD_SIZE")
-    return _int(os.environ, "LOCAL_WORLD_SIZE") if value else None
+    return _set_int(os.environ, "LOCAL_WORLD_SIZE")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -134,6 +132,11 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
             f"{name}={env[name]!r} is not an integer: set it to a whole number in the "
             "environment that starts the script, or unset it for the launcher to set"
         ) from None
+
+
+def _set_int(env: Mapping[str, str], name: str) -> int | None:
+    """The integer a launcher's variable holds, None where it is unset or empty."""
+    return _int(env, name) if env.get(name) else None
 
 
 # Each MPI's rank, size, local rank and local size variables, as its mpiexec sets them.
@@ -178,8 +181,8 @@ def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv
     world = _int(env, size_key)
     rank = _int(env, rank_key)
     local_world = _int(env, local_size_key, world)
-    port = env.get("MASTER_PORT")
-    if port and not env.get("MASTER_ADDR") and local_world < world:
+    port = _set_int(env, "MASTER_PORT")
+    if port is not None and not env.get("MASTER_ADDR") and local_world < world:
         raise TetherError(
             f"MASTER_PORT is set but MASTER_ADDR is not, and the {world} MPI ranks span more "
             f"than one node ({local_world} on this one): set MASTER_ADDR to rank 0's host, or "
@@ -191,7 +194,7 @@ def _from_mpi(env: os._Environ[str], keys: tuple[str, str, str, str]) -> DistEnv
         local_rank=_int(env, local_key, rank),
         local_world_size=local_world,
         master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=_int(env, "MASTER_PORT") if port else None,
+        master_port=port,
         run_id=env.get("TETHER_RUN_ID"),
         source="mpi",
     )
@@ -202,7 +205,7 @@ def _from_slurm(env: os._Environ[str]) -> DistEnv:
     rank = _int(env, "SLURM_PROCID")
     local_rank, local_world = _slurm_node_place(env, rank, world)
     job = _int(env, "SLURM_JOB_ID", 0)
-    port = env.get("MASTER_PORT")
+    port = _set_int(env, "MASTER_PORT")
     return DistEnv(
         rank=rank,
         world_size=world,
@@ -210,7 +213,7 @@ def _from_slurm(env: os._Environ[str]) -> DistEnv:
         local_world_size=local_world,
         master_addr=env.get("MASTER_ADDR")
         or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
-        master_port=_int(env, "MASTER_PORT") if port else 20000 + job % 20000,
+        master_port=port if port is not None else 20000 + job % 20000,
         run_id=f"slurm-{job}",
         source="slurm",
     )

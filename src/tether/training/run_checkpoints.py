@@ -128,11 +128,13 @@ class RunCheckpoints:
             own["totals"] = self.totals.as_tensor()
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
-    def save_own_when_due(self, step: int) -> None:
+    def save_own_when_due(self, step: int, consistent: bool) -> None:
         """A server's worker keeping its own state, after a step the method calls consistent
-        (``shard_after``): its shard at the first such step at or after each checkpoint
-        multiple, which is where the server checkpoints (ServerProgress, at round ends). An
-        asynchronous worker's optimizer and loss scale: after any step, likewise."""
+        (``consistent``: ``shard_after``): its shard at the first such step at or after each
+        checkpoint multiple, which is where the server checkpoints (ServerProgress, at round
+        ends). An asynchronous worker's optimizer and loss scale: after any step, likewise."""
+        if not (consistent or self.optimizer_only):
+            return
         if self.every and step >= self.next_own:
             self.save_own(step)
             self.next_own = next_multiple(step, self.every)

@@ -105,15 +105,15 @@ class ServerProgress:
         cost a second evaluation and a second line). metrics.jsonl, append-only, then holds
         both lines of the step; the second, the saved model's, is marked ``"final": true``."""
         previous = self.record.history[-1] if self.record.history else None
+        again = False
         if previous is not None and previous["step"] == step:
             if self.evaluated is not None and torch.equal(self.evaluated, self.parameters()):
                 return
             self.record.history.pop()
             if self.record.time_to_target == previous["time_s"]:
                 self.record.time_to_target = None
-            self.evaluate(step, final=True)
-            return
-        self.evaluate(step)
+            again = True
+        self.evaluate(step, final=again)
 
     def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
         """A worker's mean training loss over its last ``steps`` local steps, logged at the

@@ -308,10 +308,8 @@ class Trainer:
                     break
                 if self.has_server:  # the server evaluates and checkpoints
                     method = self.method
-                    if isinstance(method, ServerMethod) and (
-                        method.shard_after(step) or self.checkpoints.optimizer_only
-                    ):
-                        self.checkpoints.save_own_when_due(step)
+                    if isinstance(method, ServerMethod):
+                        self.checkpoints.save_own_when_due(step, method.shard_after(step))
                     continue
                 if step % self.eval_every == 0 or step == self.total_steps:
                     log.evaluated(self._evaluate(step))
