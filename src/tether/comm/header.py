@@ -46,6 +46,7 @@ class MessageKind(enum.IntEnum):
     PULL = 4  # request for the current weights; empty payload
     STOP = 5  # the sender is done; empty payload
     DELTA = 6  # an elastic difference x_i - c
+    BUSY = 7  # the server is evaluating: a worker waiting for its reply waits anew; empty
 
 
 class ProtocolError(TetherError):

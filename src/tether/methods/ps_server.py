@@ -109,6 +109,8 @@ class ServerEndpoint:
         # (receiver thread); the reply lines know when our replies were read.
         self.silence_timeout_s = silence_timeout_s
         self._heard: dict[int, float] = {}
+        self._busy_sent = -float("inf")  # when keep_waiting last told the workers
+        self._told_to_stop: set[int] = set()  # they read nothing more
         self.lines = ReplyLines(
             transport, self.state.workers, lambda rank, why: self._events.put(WorkerLost(rank, why))
         )
@@ -332,6 +334,27 @@ class ServerEndpoint:
         self.transport.close()
 
     # -- replies ---------------------------------------------------------------------------------
+    def keep_waiting(self) -> None:
+        """Tell every active worker that the server is busy, at most every quarter of the run's
+        timeout: called by the serving thread between the batches of an evaluation, which may
+        take longer than a worker waits for its reply. A waiting worker reads the BUSY and waits
+        anew (a computing one skips it at its next receive). Sent between batches, not by a
+        timer, so that a server that hangs stops sending them and its workers still give it
+        up. Not counted as replies: a worker that stops reading is still noticed."""
+        now = time.monotonic()
+        every = self.silence_timeout_s
+        if every is None or now - self._busy_sent < every / 4:
+            return
+        self._busy_sent = now
+        step = self.state.global_step()
+        for rank in self.state.active:
+            if rank in self._told_to_stop:  # may have closed its connections: a write would fail
+                continue
+            try:
+                self.lines.post(rank, self.params[:0], MessageKind.BUSY, step, tracked=False)
+            except Exception as exc:  # died meanwhile: its watch says so as well
+                self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))
+
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:
         """Send ``payload`` to ``rank``, or tell it to stop, with the run's global step in the
         header (workers follow it with their learning-rate schedule). The send does not wait to
@@ -340,6 +363,8 @@ class ServerEndpoint:
         if rank in self.state.lost:
             return
         kind = MessageKind.STOP if stop else MessageKind.PARAMS
+        if stop:
+            self._told_to_stop.add(rank)
         step = self.state.global_step()
         try:
             self.lines.post(rank, payload if not stop else payload[:0], kind, step)

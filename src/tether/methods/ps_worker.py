@@ -23,6 +23,7 @@ class WorkerEndpoint:
         self._reply = {
             MessageKind.PARAMS: torch.empty_like(params),
             MessageKind.STOP: torch.empty(0, dtype=params.dtype),
+            MessageKind.BUSY: torch.empty(0, dtype=params.dtype),
         }
         self.stop_requested = False
         self.global_step = 0  # the run's global step, as of the server's last reply
@@ -66,7 +67,11 @@ class WorkerEndpoint:
         return None if self.stop_requested else reply
 
     def exchange_reply(self) -> torch.Tensor:
+        """The server's reply. Each receive waits up to the run's timeout; a BUSY (the server
+        is evaluating, see ``ServerEndpoint.keep_waiting``) starts the wait anew."""
         msg = self.transport.recv_message(self._reply, src=SERVER)
+        while msg.header.kind is MessageKind.BUSY:
+            msg = self.transport.recv_message(self._reply, src=SERVER)
         if msg.header.kind is MessageKind.STOP:
             self.stop_requested = True
         self.global_step = max(self.global_step, msg.header.step)

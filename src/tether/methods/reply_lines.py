@@ -43,15 +43,22 @@ class ReplyLine:
         self._pending: tuple[float, Future] | None = None  # (posted at, its wait)
         self.last_completed: float | None = None
 
-    def post(self, send: Any, posted: float) -> None:
+    def post(self, send: Any, posted: float, tracked: bool = True) -> None:
+        """Have this line's thread write ``send``, after what was posted before. An untracked
+        send (a BUSY, no reply) is neither the reply in flight nor the last one completed: the
+        server's watch for a worker that stopped reading or went silent counts replies only."""
+
         def wait() -> None:
             try:
                 send.wait(LISTEN_TIMEOUT)
             except Exception as exc:  # the peer's connection closed: the worker died
                 self._on_failure(self.rank, str(exc).splitlines()[0][:200] if str(exc) else "")
-            self.last_completed = time.monotonic()
+            if tracked:
+                self.last_completed = time.monotonic()
 
-        self._pending = (posted, self._thread.submit(wait))
+        future = self._thread.submit(wait)
+        if tracked:
+            self._pending = (posted, future)
 
     def overdue_s(self, now: float) -> float:
         """How long the reply in flight has been waiting to be read (0 when none is)."""
@@ -80,12 +87,15 @@ class ReplyLines:
         self.transport = transport
         self.lines = {rank: ReplyLine(rank, on_failure) for rank in workers}
 
-    def post(self, rank: int, payload: torch.Tensor, kind: MessageKind, step: int) -> None:
+    def post(
+        self, rank: int, payload: torch.Tensor, kind: MessageKind, step: int, tracked: bool = True
+    ) -> None:
         """Send ``payload`` to ``rank`` without waiting for it to be read. The payload is copied
-        first: the server goes on changing its vector while the bytes are on their way."""
+        first: the server goes on changing its vector while the bytes are on their way.
+        ``tracked=False``: a message that is no reply (see :meth:`ReplyLine.post`)."""
         snapshot = payload.detach().clone()
         send = self.transport.isend_message(snapshot, rank, kind, step)
-        self.lines[rank].post(send, time.monotonic())
+        self.lines[rank].post(send, time.monotonic(), tracked)
 
     def overdue(self, limit_s: float) -> dict[int, float]:
         """Workers whose reply has waited more than ``limit_s`` to be read, with how long."""

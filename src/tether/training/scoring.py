@@ -22,6 +22,7 @@ from tether.training.batches import eval_batches
 from tether.training.evaluation import Evaluator
 from tether.training.norm_stats import recompute_from_training_data
 from tether.training.objective import Evaluated, Objective
+from tether.training.server_progress import WaitingWorkers
 from tether.training.task import Task
 
 
@@ -46,6 +47,14 @@ class Scoring:
         self.evaluator = Evaluator(
             objective, task.metrics, None if self.on_server else transport.all_reduce
         )
+        # A server's workers that wait for its replies while it evaluates, told between
+        # batches that it is busy (set by the trainer for the methods whose workers wait).
+        self.waiting: WaitingWorkers | None = None
+
+    def _tick(self, batch: Any) -> Any:
+        if self.waiting is not None:
+            self.waiting.tick()
+        return batch
 
     def _batches(self, rank: int, world: int, batch_size: int) -> Iterator[Any]:
         data = self.task.eval_data
@@ -64,13 +73,27 @@ class Scoring:
 
     def score(self) -> Mapping[str, float]:
         """The loss and metrics of the model the method evaluates (empty without data)."""
+        if self.waiting is None:
+            return self._score()
+        self.waiting.start()
+        try:
+            return self._score()
+        finally:
+            self.waiting.end()
+
+    def _score(self) -> Mapping[str, float]:
         model = self.method.eval_model()
         if self.on_server or model is not self.method.model:  # a center, or a server's weights:
             # no forward pass of training updated its batch-norm statistics
-            recompute_from_training_data(model, self.task, self.config, self.device, self.forward)
+            recompute_from_training_data(
+                model,
+                self.task,
+                self.config,
+                self.device,
+                lambda module, batch: self.forward(module, self._tick(batch)),
+            )
         if not self.has_data:
             return {}
         rank, world = (0, 1) if self.on_server else (self.transport.rank, self.transport.world_size)
-        return self.evaluator.evaluate(
-            model, self._batches(rank, world, self.config.eval_batch_size)
-        )
+        batches = self._batches(rank, world, self.config.eval_batch_size)
+        return self.evaluator.evaluate(model, map(self._tick, batches))

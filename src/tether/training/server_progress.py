@@ -2,7 +2,8 @@
 a parameter-server or Hogwild method's ``serve`` calls as updates arrive. The server process owns
 the run's progress: it shows the global step, evaluates the model it holds every ``eval_every``
 global steps, checkpoints, logs the losses its workers report, and says when to stop at the
-target."""
+target. While it evaluates, the workers that wait for its replies are kept waiting
+(:class:`WaitingWorkers`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tether.observe.progress import progress_bar
 from tether.targets import Target
 from tether.training.run_record import RunRecord
 
-SLOW_EVALUATION = 0.5  # of --timeout: an evaluation this long is said to be near it
+SLOW_BATCH = 0.5  # of --timeout: an evaluation batch this long is said to be near it
 
 
 def evaluation_postfix(target: Target | None, result: dict[str, float]) -> dict[str, str]:
@@ -33,6 +34,46 @@ def evaluation_postfix(target: Target | None, result: dict[str, float]) -> dict[
 def next_multiple(step: int, every: int) -> int:
     """The first multiple of ``every`` after ``step``."""
     return (step // every + 1) * every
+
+
+class WaitingWorkers:
+    """The workers waiting for a server's replies while it evaluates: before each batch of an
+    evaluation (:meth:`tick`), ``keep_waiting`` tells them it is busy (``ServerEndpoint.
+    keep_waiting``), so that an evaluation longer than --timeout loses no worker. Between
+    batches only: a batch that takes near --timeout (a slow dataset, a huge eval batch) could
+    still lose them, which is said once."""
+
+    def __init__(self, keep_waiting: Callable[[], None], timeout_s: float) -> None:
+        self.keep_waiting = keep_waiting
+        self.timeout_s = timeout_s
+        self._last = 0.0  # when the evaluation began or the last batch was taken
+        self.longest_s = 0.0  # between two of them, in this evaluation
+        self._said = False
+
+    def start(self) -> None:
+        self._last, self.longest_s = time.perf_counter(), 0.0
+
+    def tick(self) -> None:
+        self._gap()
+        self.keep_waiting()
+
+    def end(self) -> None:
+        self._gap()
+        if self.longest_s > SLOW_BATCH * self.timeout_s and not self._said:
+            self._said = True
+            print(
+                f"tether: warning: an evaluation batch took {self.longest_s:.1f} s, near "
+                f"--timeout {self.timeout_s:g} s: the workers waiting for the server's replies "
+                "hear from it between batches only, and one that waits --timeout gives the "
+                "server up; raise --timeout, or evaluate in smaller batches (eval_batch_size)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _gap(self) -> None:
+        now = time.perf_counter()
+        self.longest_s = max(self.longest_s, now - self._last)
+        self._last = now
 
 
 class ServerProgress:
@@ -54,7 +95,6 @@ class ServerProgress:
         checkpoint: Callable[[int], None],
         clock: Callable[[], float],
         parameters: Callable[[], torch.Tensor],
-        workers_wait: bool = True,
     ) -> None:
         self.config = config
         self.record = record
@@ -63,9 +103,6 @@ class ServerProgress:
         self._evaluate = evaluate
         self.parameters = parameters  # the served model's, flat
         self.evaluated: torch.Tensor | None = None  # the parameters last evaluated
-        # Whether the workers wait for their replies while the server evaluates (not Hogwild's):
-        # an evaluation near --timeout then reads to them as a hung server (said once).
-        self.workers_wait = workers_wait
         self.checkpoint = checkpoint
         self.clock = clock
         self.eval_every = eval_every
@@ -82,20 +119,7 @@ class ServerProgress:
     def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Evaluate the served model at ``step``, remembering the parameters it scored."""
         self.evaluated = self.parameters().clone()
-        start = time.perf_counter()
-        result = self._evaluate(step, final)
-        took = time.perf_counter() - start
-        if self.workers_wait and took > SLOW_EVALUATION * self.config.timeout_s:
-            print(
-                f"tether: warning: an evaluation took {took:.1f} s, near --timeout "
-                f"{self.config.timeout_s:g} s: the workers wait for their replies while the "
-                "server evaluates, and one that waits --timeout gives the server up; raise "
-                "--timeout, or evaluate less (--eval-every, a smaller eval set)",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.workers_wait = False  # once
-        return result
+        return self._evaluate(step, final)
 
     def evaluate_last(self, step: int) -> None:
         """The final evaluation, of the model that is saved. An evaluation at this step may

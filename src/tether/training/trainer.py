@@ -56,7 +56,7 @@ from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
 from tether.training.scoring import Scoring
-from tether.training.server_progress import ServerProgress
+from tether.training.server_progress import ServerProgress, WaitingWorkers
 from tether.training.task import Task
 
 
@@ -207,6 +207,9 @@ class Trainer:
 
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
+        method = self.method
+        if isinstance(method, ServerMethod) and method.evaluation_pauses_workers:  # not Hogwild
+            self.scoring.waiting = WaitingWorkers(method.server.keep_waiting, self.config.timeout_s)
         hooks = ServerProgress(
             self.config,
             self.record,
@@ -221,7 +224,6 @@ class Trainer:
             lambda: torch.cat(
                 [p.detach().reshape(-1) for p in self.method.eval_model().parameters()]
             ),
-            self.method.evaluation_pauses_workers,
         )
         try:
             result = self.method.serve(hooks)
