@@ -28,7 +28,7 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--lr", "lr", float, "learning rate"),
     ("--momentum", "momentum", float, "momentum"),
     ("--weight-decay", "weight_decay", float, "L2 weight decay"),
-    ("--seed", "seed", int, "random seed (data order and initial weights)"),
+    ("--seed", "seed", int, "random seed (data order, initial weights, torch, random, numpy)"),
     ("--target-accuracy", "target_accuracy", float, "test accuracy to time (fraction, e.g. 0.88)"),
     ("--eval-every", "eval_every", int, "evaluate every N steps (0: four times per epoch)"),
     ("--out", "out", str, "run directory (default: runs/METHOD-TIMESTAMP)"),

@@ -7,8 +7,10 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   at its step-25 evaluation, as a crash at step 25 would leave it) and resumed ends bitwise equal
   to the uninterrupted run, with the same test metrics. The averaging period (tau 3) puts the
   checkpoint between two averagings, where the replicas differ: a resume from one replica (the
-  center, or rank 0's) would not give the same weights. The model has dropout: every rank's
-  random state is in its shard too.
+  center, or rank 0's) would not give the same weights. The model has dropout and in training
+  adds noise drawn from Python's and NumPy's global generators (as a user's augmentation may):
+  every rank's random state, all three generators', is in its shard too (before Python's and
+  NumPy's were seeded and kept, the runs differed from their first step).
 - original-easgd (a server and 3 workers, round-robin): the workers keep their own replicas
   too. The server checkpoints only at the end of a round (step 21: the round ending at 12,
   then the first round end after 20), where every worker saves its shard; interrupted at its
@@ -32,6 +34,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,8 @@ class Net(nn.Module):
         self.out = nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:  # a user's noise from the other global generators
+            x = x + 0.1 * (random.random() - 0.5) + 0.1 * float(np.random.randn())
         return self.out(self.drop(torch.relu(self.hidden(x))))
 
 

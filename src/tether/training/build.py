@@ -12,6 +12,7 @@ from tether.methods import METHODS, MethodContext, Placement, TrainingMethod
 from tether.optim.schedules import build_scheduler
 from tether.parallel import ProcessGrid
 from tether.training.model_parallel import shard_model
+from tether.training.random_state import seed_generators
 from tether.training.task import Task
 
 
@@ -49,7 +50,7 @@ def build_method(
     and schedule, and the method around them, over ``transport`` (the data-parallel group's
     under model parallelism); not started."""
     method_cls = METHODS.get(config.method)
-    torch.manual_seed(config.seed)
+    seed_generators(config.seed)  # torch's, Python's and NumPy's
     model = shard_model(task.build_model(), config, grid).to(device)
     optimizer = (
         task.optimizer(model.parameters())
