@@ -96,6 +96,46 @@ def _batch_norm_stats(rank: int, world: int) -> dict[str, torch.Tensor]:
     return {"bn_before": before, "bn_after": stats()}
 
 
+class Branches(torch.nn.Module):
+    """A layer every rank uses, one only rank 0's forward takes, one no forward takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.everywhere = torch.nn.Linear(16, 10)
+        self.rank0_only = torch.nn.Linear(16, 10)
+        self.never = torch.nn.Linear(16, 10)
+        self.take_branch = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)[:, :16]
+        out = self.everywhere(x)
+        return out + self.rank0_only(x) if self.take_branch else out
+
+
+def _unused_parameters(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """sync-sgd with momentum and weight decay on :class:`Branches`: what each layer's
+    parameters and gradients are after 3 steps."""
+    x, y = _data()
+    torch.manual_seed(0)
+    model = Branches()
+    model.take_branch = rank == 0
+    config = TrainConfig(lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    method = SyncSGD(model, MethodContext(config, TorchTransport(), torch.device("cpu")))
+    sampler = GlobalBatchSampler(len(x), PER_WORKER * world, seed=3)
+    for step in range(3):
+        idx = sampler.worker_indices(step, rank, world)
+        cross_entropy_step(method, x[idx], y[idx])
+    grads = {
+        f"grad_{name}": torch.tensor(float(layer.weight.grad is None))
+        for name, layer in (("rank0_only", model.rank0_only), ("never", model.never))
+    }
+    weights = {
+        name: getattr(model, name).weight.detach().clone()
+        for name in ("everywhere", "rank0_only", "never")
+    }
+    return {**grads, **weights}
+
+
 def on_every_rank(rank: int, world: int) -> dict[str, torch.Tensor]:
     """Every variant on this rank (also this module's part of the 4-rank group)."""
     return {
@@ -109,6 +149,7 @@ def on_every_rank(rank: int, world: int) -> dict[str, torch.Tensor]:
         "halving_doubling_unfused": _train_tether(rank, world, 0.0, allreduce="halving-doubling"),
         "fp16": _train_tether(rank, world, 1.0, compress="fp16"),
         "bf16_ring": _train_tether(rank, world, 1.0, allreduce="ring", compress="bf16"),
+        **{f"unused_{k}": v for k, v in _unused_parameters(rank, world).items()},
     }
 
 
@@ -129,6 +170,21 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+def _check_unused_parameters(results: list[dict[str, np.ndarray]]) -> None:
+    """A layer no rank used keeps no gradient and does not move, as in one process (before,
+    its zero gradient let weight decay and momentum move it); one that rank 0 alone used keeps
+    the group's mean gradient on every rank (rank 0's share), moving the replicas alike."""
+    torch.manual_seed(0)
+    initial = Branches()
+    for res in results:
+        assert res["unused_grad_never"].item() == 1.0  # .grad None
+        assert res["unused_grad_rank0_only"].item() == 0.0
+        np.testing.assert_array_equal(res["unused_never"], initial.never.weight.detach())
+        assert not np.array_equal(res["unused_rank0_only"], initial.rank0_only.weight.detach())
+        for name in ("unused_everywhere", "unused_rank0_only"):
+            np.testing.assert_array_equal(res[name], results[0][name])
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_sync_sgd_matches_single_process_and_ddp(
     world: int, request: pytest.FixtureRequest
@@ -147,6 +203,9 @@ def test_sync_sgd_matches_single_process_and_ddp(
     bn_mean = np.mean(bn_before, axis=0)
     for res in results:
         np.testing.assert_allclose(res.pop("bn_after"), bn_mean, rtol=1e-6, atol=1e-7)
+    _check_unused_parameters(
+        [{k: res.pop(k) for k in list(res) if k.startswith("unused_")} for res in results]
+    )
     compressed = [{k: res.pop(k)[:-1] for k in COMPRESSED_TOL} for res in results]
     for rank, weights_by_name in enumerate(compressed):
         for name, w in weights_by_name.items():

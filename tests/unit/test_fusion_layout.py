@@ -60,7 +60,8 @@ def test_buckets_launch_during_backward_only_when_overlapping() -> None:
         # Every bucket was sent, once, and waited for, by the time backward() returned (as
         # DDP: code between backward and the step sees the mean); finish() adds nothing.
         sizes = [size for size, _ in reducer.launched]
-        assert sum(sizes) == sum(p.numel() for p in net.parameters())
+        params = list(net.parameters())  # and the last bucket carries a used-flag per parameter
+        assert sum(sizes) == sum(p.numel() for p in params) + len(params)
         assert len(sizes) > 2
         start, end = bucketer.finish()
         assert start <= end and len(reducer.launched) == len(sizes)
@@ -106,5 +107,6 @@ def test_a_pass_after_a_backward_that_raised_sends_every_bucket_once() -> None:
     bucketer.zero_grad()
     reducer.launched.clear()
     second(RaiseOnce.apply(first(x))).sum().backward()
-    assert sum(size for size, _ in reducer.launched) == sum(p.numel() for p in params)
+    launched = sum(size for size, _ in reducer.launched)
+    assert launched == sum(p.numel() for p in params) + len(params)  # gradients, used-flags
     assert reducer.launched[-1][1]  # the last bucket went once every gradient was computed

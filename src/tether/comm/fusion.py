@@ -90,6 +90,13 @@ class GradientBucketer:
     as the pass ends (DDP does the same): the gradients are the group's mean when ``backward()``
     returns, so code between backward and the optimizer's step (a user's clipping, a second
     backward that accumulates) sees final gradients, not buffers that all-reduces still write.
+
+    A parameter that no rank's backward reached (a branch the model did not take) is left with
+    no gradient (``.grad`` None), as in one process and under DDP: an optimizer then skips it,
+    where a zero gradient would still move it (weight decay, momentum, LAMB's step). Which
+    parameters each rank used rides in the last bucket's all-reduce, one flag per parameter
+    after the gradients (no collective of its own); only a rank that did not use some parameter
+    reads the flags back.
     """
 
     def __init__(
@@ -104,7 +111,14 @@ class GradientBucketer:
         dtype = self.params[0].dtype
         elems = bucket_elements(bucket_mb, self.params[0].element_size())
         self.layout = BucketLayout.build([p.numel() for p in self.params], elems)
-        self.flat = torch.zeros(self.layout.numel, dtype=dtype, device=self.params[0].device)
+        # The gradients, then one "used" flag per parameter (reduced with the last bucket).
+        numel = self.layout.numel
+        self.buffer = torch.zeros(
+            numel + len(self.params), dtype=dtype, device=self.params[0].device
+        )
+        self.flat = self.buffer[:numel]  # every gradient, the parameters' .grad views into it
+        self._used = self.buffer[numel:]  # after the reduction: the mean of the ranks' flags
+        self._fired = [False] * len(self.params)  # this rank's backward reached the parameter
         self._views = [
             self.flat[o : o + p.numel()].view_as(p)
             for o, p in zip(self.layout.offsets, self.params, strict=True)
@@ -148,7 +162,8 @@ class GradientBucketer:
             handle.wait()
         self._arm()
         self._finish_queued = False
-        self.flat.zero_()
+        self._fired = [False] * len(self.params)
+        self.buffer.zero_()
         for p, view in zip(self.params, self._views, strict=True):
             p.grad = view
 
@@ -159,6 +174,7 @@ class GradientBucketer:
         self._handles: list[PendingReduce] = []
 
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
+        self._fired[index] = True  # in any pass of an accumulation
         view = self._views[index]
         if param.grad is not view:
             # Someone replaced .grad (e.g. zero_grad(set_to_none=True)); keep the flat buffer
@@ -183,7 +199,11 @@ class GradientBucketer:
             force or self._remaining[self._next_to_launch] == 0
         ):
             bucket = buckets[self._next_to_launch]
-            chunk = self.flat[bucket.start : bucket.end]
+            end = bucket.end
+            if self._next_to_launch == len(buckets) - 1:  # the last also carries the flags
+                self._used.copy_(torch.tensor(self._fired, dtype=self.buffer.dtype))
+                end = self.buffer.numel()
+            chunk = self.buffer[bucket.start : end]
             self._handles.append(self.reducer.start(chunk, average=True))
             self._next_to_launch += 1
 
@@ -224,9 +244,21 @@ class GradientBucketer:
         for handle in self._handles:
             handle.wait()
         self._arm()
+        self._drop_unused()
         end = time.perf_counter()
         self.comm_wait_s += end - start
         return start, end
+
+    def _drop_unused(self) -> None:
+        """No gradient for a parameter that no rank used this step (the flags' mean is 0)."""
+        unused = [i for i, fired in enumerate(self._fired) if not fired]
+        self._fired = [False] * len(self.params)
+        if not unused:
+            return  # used here, so used somewhere: no flag to read (no device sync on a GPU)
+        used = self._used.tolist()
+        for i in unused:
+            if used[i] == 0.0:
+                self.params[i].grad = None
 
     def remove(self) -> None:
         for h in self._hooks:
