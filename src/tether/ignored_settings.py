@@ -30,6 +30,12 @@ _MOMENTUM_HINT = {
 
 # what a user's own optimizer or schedule (an object, or an import path) sets for itself
 OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta")
+# the named optimizers whose rate is on another scale than the methods' SGD defaults, with what
+# the large-batch benchmark took (LeNet-5 with batch norm, Fashion-MNIST, 30 epochs)
+RATE_OF_THEIR_OWN = {
+    "lars": "16-32",
+    "lamb": "0.064-0.128",
+}
 OWN_SCHEDULE_KEYS = (
     "warmup_steps",
     "warmup_epochs",
@@ -87,6 +93,14 @@ def ignored_settings(
             messages.append("lars_eta applies to --optimizer lars only")
         elif key == "parallel_plan" and config.model_parallel == 1:
             messages.append("parallel_plan applies with model_parallel > 1 only")
+    if config.optimizer in RATE_OF_THEIR_OWN and "lr" not in set(given) and "optimizer" not in own:
+        # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two
+        # orders of magnitude off for LARS (eta scales it) and one for LAMB.
+        messages.append(
+            f"--optimizer {config.optimizer} takes {config.method}'s default rate {config.lr:g}, "
+            f"tuned for SGD: give --lr (the large-batch benchmark's best were "
+            f"{RATE_OF_THEIR_OWN[config.optimizer]} at batches 4096-16384, docs/large_batch.md)"
+        )
     return messages
 
 

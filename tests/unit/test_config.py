@@ -114,7 +114,13 @@ def test_settings_a_method_ignores_are_named() -> None:
     assert "async-sgd" in stale
     assert ignored_settings(TrainConfig(method="async-msgd"), {"momentum", "staleness_bound"}) == []
     # LARS keeps a momentum: no warning that it has none
-    assert ignored_settings(TrainConfig(method="sync-sgd", optimizer="lars"), {"momentum"}) == []
+    lars = TrainConfig(method="sync-sgd", optimizer="lars")
+    assert ignored_settings(lars, {"momentum", "lr"}) == []
+    # ...but without a rate of its own it would take sync-sgd's SGD default, said in one line
+    (rate,) = ignored_settings(lars, {"momentum"})
+    assert rate.startswith("--optimizer lars takes sync-sgd's default rate") and "--lr" in rate
+    (rate,) = ignored_settings(TrainConfig(method="sync-easgd", optimizer="lamb"), set())
+    assert "--optimizer lamb takes sync-easgd's default rate" in rate
     # the user's own optimizer and schedule take none of the named ones' settings
     own = {"lr", "momentum", "warmup_steps", "lr_decay_power"}
     messages = ignored_settings(TrainConfig(method="sync-sgd"), own, ["optimizer", "lr_schedule"])

@@ -208,6 +208,23 @@ def test_trust_ratio_state_loads_safely(cls: type) -> None:
     assert again.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
 
 
+@pytest.mark.parametrize("cls", [LARS, LAMB])
+def test_what_the_trust_ratio_cannot_take_is_refused_in_one_line(cls: type) -> None:
+    """A sparse gradient failed deep in the arithmetic (or, LARS without weight decay, passed);
+    a complex parameter's ratio was taken from its real part alone (LAMB silently)."""
+    embedding = torch.nn.Embedding(5, 3, sparse=True)
+    embedding(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match=f"{cls.__name__} does not support sparse gradients"):
+        cls(embedding.parameters(), lr=0.01).step()
+    z = torch.nn.Parameter(torch.randn(2, 2, dtype=torch.complex64))
+    z.grad = torch.randn(2, 2, dtype=torch.complex64)
+    with pytest.raises(RuntimeError, match="does not support complex parameters"):
+        cls([z], lr=0.01).step()
+    for bad in ({"weight_decay": -1.0}, {"eps": -1.0}):
+        with pytest.raises(ValueError, match="weight_decay and eps must be >= 0"):
+            cls(_net().parameters(), lr=0.01, **bad)
+
+
 def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
     assert _rates("poly", 0, 4) == pytest.approx([1.0, 0.5625, 0.25, 0.0625])  # (1 - s/4)^2
     p = torch.nn.Parameter(torch.zeros(1))

@@ -42,6 +42,8 @@ class LAMB(TrustRatio, torch.optim.Optimizer):
             raise ValueError(f"lr must be > 0, got {lr}")
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if weight_decay < 0 or eps < 0:
+            raise ValueError(f"weight_decay and eps must be >= 0, got {weight_decay} and {eps}")
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -61,9 +63,9 @@ class LAMB(TrustRatio, torch.optim.Optimizer):
         for group in self.param_groups:
             b1, b2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                g = self.gradient(p)
+                if g is None:
                     continue
-                g = p.grad
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)

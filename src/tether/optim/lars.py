@@ -53,7 +53,10 @@ class LARS(TrustRatio, torch.optim.Optimizer):
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if weight_decay < 0 or eta <= 0 or eps < 0:
-            raise ValueError("weight_decay and eps must be >= 0 and eta > 0")
+            raise ValueError(
+                f"weight_decay and eps must be >= 0 and eta > 0, got {weight_decay}, {eps} "
+                f"and {eta}"
+            )
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -87,9 +90,9 @@ class LARS(TrustRatio, torch.optim.Optimizer):
         for group in self.param_groups:
             mu, lr = group["momentum"], group["lr"]
             for p in group["params"]:
-                if p.grad is None:
+                g = self.gradient(p)
+                if g is None:
                     continue
-                g = p.grad
                 excluded = self.exclude(p)
                 wd = 0.0 if excluded else group["weight_decay"]
                 d = torch.add(g, p, alpha=wd) if wd else g.clone()

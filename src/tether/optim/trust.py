@@ -52,6 +52,26 @@ class TrustRatio:
     def norms(self, p: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return norms(p, update, self._reduce.get(id(p)))
 
+    def gradient(self, p: torch.Tensor) -> torch.Tensor | None:
+        """``p``'s gradient (None: skip it), refusing what the trust ratio cannot take: a norm
+        of a sparse gradient or of a complex tensor's real part would be the wrong layer norm
+        (a complex one was used silently, a sparse one failed deep inside the arithmetic)."""
+        g = p.grad
+        if g is None:
+            return None
+        name = type(self).__name__
+        if g.is_sparse:
+            raise RuntimeError(
+                f"{name} does not support sparse gradients: build the layer dense (e.g. "
+                "nn.Embedding(..., sparse=False)) or give it to another optimizer"
+            )
+        if torch.is_complex(p):
+            raise RuntimeError(
+                f"{name} does not support complex parameters: hold them as real pairs "
+                "(torch.view_as_real) or give them to another optimizer"
+            )
+        return g
+
 
 def norms(
     weight: torch.Tensor,
