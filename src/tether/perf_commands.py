@@ -159,8 +159,10 @@ def _workload_for(config: TrainConfig, profile_path: str):
     if path.is_file():
         data = json.loads(path.read_text())
         stored = data.get("workload") if isinstance(data, dict) else None
-        if stored and stored.get("model") == config.model:
-            return Workload.from_dict(stored, str(path)).at_batch(config.batch_size)
+        if stored is not None:  # checked even when of another model: the file is damaged
+            workload = Workload.from_dict(stored, str(path))
+            if workload.model == config.model:
+                return workload.at_batch(config.batch_size)
     workload, _ = _timed_workload(config, "", repeats=2)
     return workload
 

@@ -239,3 +239,42 @@ def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected counts >= 1" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda w: w.update(batch_size=0), "'batch_size' must be a whole number >= 1, not 0"),
+        (lambda w: w.update(batch_size=-4), "'batch_size' must be a whole number >= 1, not -4"),
+        (lambda w: w["layers"][0].update(forward_s=-1.0), "'layers[0].forward_s' must be >= 0"),
+        (
+            lambda w: w["layers"][0].update(forward_s=float("nan")),
+            "'layers[0].forward_s' must be a finite number, not nan",
+        ),
+        (lambda w: w.update(update_s="fast"), "'update_s' must be a finite number, not 'fast'"),
+        (lambda w: w.__delitem__("layers"), "missing field 'layers'"),
+        (lambda w: w.update(layers=None), "'layers' must be a list of objects"),
+        # it was an AttributeError traceback
+        (lambda w: "abc", "expected a JSON object (as tether calibrate writes it), not str"),
+    ],
+)
+def test_a_damaged_workload_in_a_profile_file_is_one_line_naming_the_field(
+    capsys, tmp_path: Path, change, message: str
+) -> None:
+    """The workload was barely checked (the hardware thoroughly): a batch of 0 divided by zero,
+    a negative batch or time predicted negative times with exit code 0, a NaN time ended in
+    matplotlib's traceback."""
+    workload = {
+        "model": "lenet5", "batch_size": 64, "update_s": 1e-4, "data_s": 0.0,
+        "measured_on": "vm-2cores",
+        "layers": [{"name": "fc", "tensor_bytes": [4000, 40], "forward_flops": 1e6,
+                    "forward_s": 1e-3, "backward_s": 2e-3}],
+    }  # fmt: skip
+    workload = change(workload) or workload
+    path = tmp_path / "cal.json"
+    path.write_text(
+        json.dumps({"hardware": load_profile("vm-2cores").to_dict(), "workload": workload})
+    )
+    argv = ["predict", "--profile", str(path), "--workers", "1,2", "--out", str(tmp_path / "p")]
+    line = _error_line(capsys, argv)
+    assert f"workload {path}: " in line and message in line

@@ -11,6 +11,7 @@ usual count: one product for the input's gradient and one for the weight's).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -147,25 +148,67 @@ class Workload:
         }
 
     @staticmethod
-    def from_dict(data: dict[str, Any], where: str = "(given)") -> Workload:
-        try:
-            layers = tuple(
-                LayerCost(
-                    name=str(item["name"]),
-                    tensor_bytes=tuple(int(b) for b in item["tensor_bytes"]),
-                    forward_flops=float(item["forward_flops"]),
-                    forward_s=float(item.get("forward_s", 0.0)),
-                    backward_s=float(item.get("backward_s", 0.0)),
-                )
-                for item in data["layers"]
+    def from_dict(data: Any, where: str = "(given)") -> Workload:
+        """Build and validate a workload (a profile file's ``workload``, as ``to_dict`` writes
+        it); a missing or malformed field is a one-line TetherError naming it, as a profile's
+        ``hardware`` is: a batch of 0 would divide by zero, a negative or NaN time would predict
+        a negative or NaN iteration."""
+        if not isinstance(data, dict):
+            raise TetherError(
+                f"workload {where}: expected a JSON object (as tether calibrate writes it), not "
+                f"{type(data).__name__}"
             )
-            return Workload(
-                model=str(data["model"]),
-                batch_size=int(data["batch_size"]),
-                layers=layers,
-                update_s=float(data.get("update_s", 0.0)),
-                measured_on=str(data.get("measured_on", "")),
-                data_s=float(data.get("data_s", 0.0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TetherError(f"workload {where}: malformed or missing field ({exc})") from None
+        layers = _field(data, "layers", where)
+        if not isinstance(layers, list) or not all(isinstance(item, dict) for item in layers):
+            raise TetherError(f"workload {where}: 'layers' must be a list of objects")
+        return Workload(
+            model=str(_field(data, "model", where)),
+            batch_size=_count(_field(data, "batch_size", where), "batch_size", where, least=1),
+            layers=tuple(_layer(item, f"layers[{i}]", where) for i, item in enumerate(layers)),
+            update_s=_seconds(data.get("update_s", 0.0), "update_s", where),
+            measured_on=str(data.get("measured_on", "")),
+            data_s=_seconds(data.get("data_s", 0.0), "data_s", where),
+        )
+
+
+def _field(data: dict[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise TetherError(
+            f"workload {where}: missing field '{key}' (a workload needs model, batch_size and "
+            "layers, each with name, tensor_bytes and forward_flops; tether calibrate writes one)"
+        )
+    return data[key]
+
+
+def _count(value: Any, path: str, where: str, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise TetherError(
+            f"workload {where}: '{path}' must be a whole number >= {least}, not {value!r}"
+        )
+    return value
+
+
+def _seconds(value: Any, path: str, where: str) -> float:
+    """A time or a count of FLOPs: a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TetherError(f"workload {where}: '{path}' must be a finite number, not {value!r}")
+    if value < 0:
+        raise TetherError(f"workload {where}: '{path}' must be >= 0, not {value}")
+    return float(value)
+
+
+def _layer(item: dict[str, Any], path: str, where: str) -> LayerCost:
+    tensors = _field(item, "tensor_bytes", where)
+    if not isinstance(tensors, list):
+        raise TetherError(f"workload {where}: '{path}.tensor_bytes' must be a list of byte counts")
+    return LayerCost(
+        name=str(_field(item, "name", where)),
+        tensor_bytes=tuple(
+            _count(b, f"{path}.tensor_bytes[{k}]", where) for k, b in enumerate(tensors)
+        ),
+        forward_flops=_seconds(
+            _field(item, "forward_flops", where), f"{path}.forward_flops", where
+        ),
+        forward_s=_seconds(item.get("forward_s", 0.0), f"{path}.forward_s", where),
+        backward_s=_seconds(item.get("backward_s", 0.0), f"{path}.backward_s", where),
+    )
