@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether import perf_inputs
 from tether.config import TrainConfig
-from tether.errors import TetherError
 
 MAX_SCALING_WORKERS = 4096
 
@@ -66,16 +66,15 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tuple[Any, float]:
     """The configured model's training step on one batch of the configured data, timed."""
     import torch
-    from torch.utils.data import DataLoader
 
+    from tether.api.calibrate import first_batch
     from tether.bench.calibrate import time_model
     from tether.catalog import task_from_config
 
     torch.manual_seed(config.seed)
     task = task_from_config(config)
     model = task.build_model()
-    loader = DataLoader(task.train_data, batch_size=config.batch_size, collate_fn=task.collate_fn)
-    inputs, targets = next(iter(loader))
+    inputs, targets = first_batch(task.train_data, config.batch_size, task.collate_fn)
     params = model.parameters()
     optimizer = (
         task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
@@ -100,13 +99,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tether.bench.compute_samples import TrainerLoops
 
     config = _config(args)
-    options = CalibrationOptions(
-        args.workers, max(1, config.threads_per_worker), args.loop_runs, args.timeout
-    )
+    threads = config.threads_per_worker
+    options = CalibrationOptions(args.workers, threads, args.loop_runs, args.timeout)
     options.check(args.loop_steps, args.repeats)  # before minutes of timing
     name = args.name or f"{socket.gethostname()}-calibrated"
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
-    threads = max(1, config.threads_per_worker)
+    perf_inputs.check_out_file(out)
+    most = perf_inputs.calibration_workers(config, args.workers)  # before any timing
+    options = dataclasses.replace(options, most_workers=most)
     train_argv = ["--model", config.model, "--dataset", config.dataset]
     train_argv += ["--batch-size", str(config.batch_size)]
     # the thread count the layers were timed with (alone on the node, a worker would get all)
@@ -171,21 +171,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tether.api.perf import method_tau, predict, predict_scaling
     from tether.batch_notes import held_batches_note
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
-    from tether.perf.predict import PREDICTED_METHODS
     from tether.perf.profile import load_profile
 
-    methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    for method in methods:  # before anything is loaded or timed
-        if method not in PREDICTED_METHODS:
-            raise TetherError(
-                f"no prediction for method '{method}': one of {', '.join(PREDICTED_METHODS)}"
-            )
-    if args.scaling and args.max_workers < 1:
-        raise TetherError(f"--max-workers must be >= 1, got {args.max_workers}")
+    methods = perf_inputs.predicted_methods(args.method)  # before anything is loaded or timed
+    perf_inputs.check_predict_settings(args, methods)
+    out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
+    perf_inputs.check_out_dir(out)
     config = _config(args)
     profile = load_profile(args.profile)
     workload = _workload_for(config, args.profile)
-    out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
     settings: dict[str, Any] = {
         "bucket_mb": args.bucket_mb,
         "overlap": not args.no_overlap,
@@ -286,7 +280,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tether.observe.files import atomic_write_json
     from tether.observe.perf_plots import plot_staleness
 
+    perf_inputs.check_simulate_options(args)
     out = Path(args.out) if args.out else Path("runs") / f"simulate-{_stamp()}"
+    perf_inputs.check_out_dir(out)
     result = simulate(
         args.method,
         args.workers,

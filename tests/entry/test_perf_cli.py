@@ -241,6 +241,108 @@ def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     assert len(err) == 1 and "expected counts >= 1" in err[0]
 
 
+def _never(*args, **kwargs):
+    raise AssertionError("the model was built or timed before the refusal")
+
+
+@pytest.fixture
+def no_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal must come before any timing: timing fails the test."""
+    from tether import perf_commands
+    from tether.bench import calibrate
+
+    monkeypatch.setattr(perf_commands, "_timed_workload", _never)
+    monkeypatch.setattr(calibrate, "calibrate_machine", _never)
+
+
+@pytest.fixture
+def user_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's module (module:factory, module:loader) on the working directory: a small net,
+    an empty data set and one of 10 samples."""
+    (tmp_path / "perf_cli_sets.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "from torch.utils.data import TensorDataset\n"
+        "def build():\n    return nn.Sequential(nn.Flatten(), nn.Linear(20, 3))\n"
+        "def load_empty():\n"
+        "    return TensorDataset(torch.zeros(0, 20), torch.zeros(0, dtype=torch.long)), None\n"
+        "def load_ten():\n"
+        "    return TensorDataset(torch.randn(10, 20), torch.randint(0, 3, (10,))), None\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(
+    capsys, tmp_path: Path, no_timing: None
+) -> None:
+    """calibrate measured for minutes and then died on an IsADirectoryError; simulate and
+    predict gave FileExistsError or NotADirectoryError tracebacks."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    calibrate = ["calibrate", "--model", "mlp", "--dataset", "digits", "--out"]
+    line = _error_line(capsys, [*calibrate, str(tmp_path)])
+    assert f"--out {tmp_path} is a directory" in line and "profile.json" in line
+    line = _error_line(capsys, [*calibrate, str(a_file / "sub" / "profile.json")])
+    assert f"{a_file} is a file, not a directory" in line
+    for command in ("simulate", "predict"):
+        line = _error_line(capsys, [command, "--out", str(a_file)])
+        assert f"--out {a_file} is a file, not a directory" in line
+        line = _error_line(capsys, [command, "--out", str(a_file / "sub")])
+        assert f"--out {a_file / 'sub'} cannot be made: {a_file} is a file" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_predict_refuses_what_no_run_takes_before_building_the_model(
+    capsys, tmp_path: Path, no_timing: None
+) -> None:
+    """Each of these was refused only after the model was built and timed, or predicted as if
+    it made sense (0 threads: a worker using no core), or (--method ,) predicted nothing."""
+    argv = ["predict", "--model", "mlp", "--dataset", "digits", "--out", str(tmp_path / "p")]
+    for option, value, message in (
+        ("--threads-per-worker", "0", "--threads-per-worker must be >= 1, got 0"),
+        ("--bucket-mb", "-1", "--bucket-mb must be >= 0 and finite"),
+        ("--bucket-mb", "nan", "--bucket-mb must be >= 0 and finite"),
+        ("--bucket-mb", "inf", "--bucket-mb must be >= 0 and finite (MiB; 0: one message per"),
+        ("--tau", "0", "--tau must be >= 1, got 0"),
+        ("--allreduce", "bogus", "unknown all-reduce 'bogus': one of native, auto"),
+        ("--ranks-per-node", "-1", "--ranks-per-node must be >= 0 (0: the profile's), got -1"),
+        ("--method", ",", "--method names no method: give one or more of sync-sgd"),
+    ):
+        assert message in _error_line(capsys, [*argv, option, value]), (option, value)
+
+
+def test_simulate_names_its_options_in_their_units(capsys, tmp_path: Path) -> None:
+    argv = ["simulate", "--out", str(tmp_path / "s")]
+    line = _error_line(capsys, [*argv, "--message-ms", "-1"])
+    assert "--message-ms must be a finite number >= 0 (milliseconds), got -1.0" in line
+    line = _error_line(capsys, [*argv, "--step-ms", "0"])
+    assert "--step-ms must be a finite number > 0 (milliseconds)" in line
+    line = _error_line(capsys, [*argv, "--straggler-probability", "nan"])
+    assert "--straggler-probability must be a probability in [0, 1]" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_data_set_no_calibration_can_use_is_one_line(
+    capsys, user_sets: Path, no_timing: None
+) -> None:
+    """An empty data set was a StopIteration traceback (the Python API's line now); one smaller
+    than the calibration's global batch failed after 20 s of timing, pointing at a log in a
+    directory already deleted."""
+    model = ["--model", "perf_cli_sets:build", "--out", str(user_sets / "p.json")]
+    empty = ["--dataset", "perf_cli_sets:load_empty"]
+    line = _error_line(capsys, ["calibrate", *model, *empty])
+    assert line == "tether: error: train_data is empty: there is no batch to time"
+    line = _error_line(capsys, ["calibrate", *model, "--dataset", "perf_cli_sets:load_ten"])
+    assert "= 128) is larger than the training set (10 samples)" in line
+
+
+def test_predict_on_an_empty_data_set_is_one_line(capsys, user_sets: Path) -> None:
+    argv = ["predict", "--model", "perf_cli_sets:build", "--dataset", "perf_cli_sets:load_empty"]
+    line = _error_line(capsys, [*argv, "--out", str(user_sets / "p")])
+    assert line == "tether: error: train_data is empty: there is no batch to time"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

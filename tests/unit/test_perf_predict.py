@@ -358,9 +358,22 @@ def test_a_server_node_is_bound_by_its_cpu_work() -> None:
 
 
 def test_settings_a_run_would_refuse_are_one_line_and_auto_is_the_fastest() -> None:
-    for bucket in (-1.0, float("nan")):  # -1 looped forever, nan ended in a traceback
-        with pytest.raises(TetherError, match="bucket_mb must be >= 0"):
+    for bucket in (-1.0, float("nan"), float("inf")):  # -1 looped forever, nan: a traceback
+        with pytest.raises(TetherError, match="bucket_mb must be >= 0 and finite"):
             predict(WORKLOAD, "sync-sgd", 4, PROFILE, bucket_mb=bucket)
+    # a count of another type was a TypeError deep inside or silently cut; 0 threads predicted
+    # a worker that uses no core
+    for workers, settings, message in (
+        ("4", {}, "workers must be a whole number, got '4'"),
+        (4, {"tau": 2.5}, "tau must be a whole number, got 2.5"),
+        (4, {"threads_per_worker": -1}, "threads_per_worker must be >= 1, got -1"),
+    ):
+        with pytest.raises(TetherError, match=message):
+            predict(WORKLOAD, "sync-sgd", workers, PROFILE, **settings)
+    with pytest.raises(TetherError, match="list of whole numbers >= 1, got"):
+        predict_scaling(WORKLOAD, "sync-sgd", PROFILE, ["1", "2"])
+    with pytest.raises(TetherError, match="repeats must be at least 1, got 0"):
+        time_model(nn.Linear(2, 2), torch.zeros(4, 2), torch.zeros(4, 2), F.mse_loss, repeats=0)
     with pytest.raises(TetherError, match="unknown all-reduce 'bogus': one of native, auto, ring"):
         predict(WORKLOAD, "sync-sgd", 4, PROFILE, allreduce="bogus")
     with pytest.raises(TetherError, match="ranks_per_node must be >= 0"):

@@ -264,6 +264,26 @@ def test_unknown_method_lists_the_valid_ones() -> None:
     assert all(name in str(err.value) for name in SIMULATED_METHODS)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"rounds": 2.5}, "rounds must be a whole number, got 2.5"),  # it ran 2 rounds
+        ({"workers": "4"}, "workers must be a whole number, got '4'"),
+        ({"tau": 1.5}, "tau must be a whole number, got 1.5"),
+        ({"rounds": 0}, "rounds must be at least 1, got 0"),
+    ],
+)
+def test_the_python_api_refuses_counts_that_are_not_whole_numbers(
+    arguments: dict[str, Any], message: str
+) -> None:
+    from tether.api.perf import simulate as api_simulate
+    from tether.errors import TetherError
+
+    given = {"method": "async-easgd", "workers": 2, "rounds": 3, "step_s": 0.01, **arguments}
+    with pytest.raises(TetherError, match=message):
+        api_simulate(**given)
+
+
 if __name__ == "__main__":
     speeds = {
         "equal": WorkerSpeeds(1e-2),

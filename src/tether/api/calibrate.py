@@ -123,9 +123,12 @@ class _CheckedFitLoops(FitLoops):
         return LoopTimes(0.0, 0.0)
 
 
-def _first_batch(
+def first_batch(
     train_data: Dataset, batch_size: int, collate_fn: Callable[[list[Any]], Any] | None
 ) -> tuple[Any, Any]:
+    """The first batch as (inputs, targets), which the layers are timed on; one line for an
+    empty data set or a batch of another form (``tether calibrate | predict`` take theirs here
+    too, so that the command and the function say the same)."""
     from tether.training.objective import split_batch
 
     loader = DataLoader(train_data, batch_size=batch_size, collate_fn=collate_fn)
@@ -212,7 +215,7 @@ def calibrate(
             f"{'it' if len(fixed) == 1 else 'them'} out"
         )
     profile_name = name or "this-machine-calibrated"
-    inputs, targets = _first_batch(train_data, batch_size, collate_fn)
+    inputs, targets = first_batch(train_data, batch_size, collate_fn)
     fit_arguments: dict[str, Any] = dict(
         model=model,
         train_data=train_data,

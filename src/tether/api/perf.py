@@ -16,6 +16,7 @@ simulate``) is a thin layer over the same functions.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +60,8 @@ def time_model(
 
     if not isinstance(model, nn.Module):
         raise TetherError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    _count("threads", threads, 1)
+    _count("repeats", repeats, 1)  # the median of no timed step is no time
     opt = optimizer or torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     workload, _ = timed(
         model,
@@ -74,8 +77,24 @@ def time_model(
     return dataclasses.replace(workload, data_s=data_s)
 
 
-def _profile(profile: str | HardwareProfile) -> HardwareProfile:
-    return profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+def _profile(profile: str | os.PathLike[str] | HardwareProfile) -> HardwareProfile:
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if not isinstance(profile, str | os.PathLike):
+        raise TetherError(
+            f"profile must be a built-in profile's name, a profile file's path or a "
+            f"HardwareProfile, not {type(profile).__name__}"
+        )
+    return load_profile(os.fspath(profile))
+
+
+def _workload(workload: Workload) -> Workload:
+    if not isinstance(workload, Workload):
+        raise TetherError(
+            f"workload must be a Workload (from tether.time_model or tether.calibrate), not "
+            f"{type(workload).__name__}"
+        )
+    return workload
 
 
 def predict(
@@ -89,7 +108,7 @@ def predict(
     (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``). ``settings``:
     ``tau`` (default: the method's own), ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
     ``threads_per_worker`` (as ``tether train`` takes them)."""
-    return _predict(workload, _profile(profile), _setup(method, workers, settings))
+    return _predict(_workload(workload), _profile(profile), _setup(method, workers, settings))
 
 
 def predict_scaling(
@@ -103,9 +122,23 @@ def predict_scaling(
     """Throughput, the ideal line and efficiency for each worker count; weak scaling keeps the
     per-worker batch, strong scaling the global batch of the first count."""
     counts = list(workers)
-    if not counts or any(p < 1 for p in counts):
-        raise TetherError("workers must be a non-empty list of counts >= 1")
-    return scaling(workload, _profile(profile), _setup(method, counts[0], settings), counts, strong)
+    if not counts or not all(_is_count(p) and p >= 1 for p in counts):
+        raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
+    setup = _setup(method, counts[0], settings)
+    return scaling(_workload(workload), _profile(profile), setup, counts, strong)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(name: str, value: Any, least: int) -> None:
+    """A whole-number argument: a float or a string would be cut or fail deep inside (a
+    simulation of ``rounds=2.5`` ran 2 rounds)."""
+    if not _is_count(value):
+        raise TetherError(f"{name} must be a whole number, got {value!r}")
+    if value < least:
+        raise TetherError(f"{name} must be at least {least}, got {value}")
 
 
 def method_tau(method: str, given: int | None = None) -> int:
@@ -144,6 +177,10 @@ def simulate(
 ) -> SimulationResult:
     """A discrete-event simulation of an asynchronous or round-robin method
     (:mod:`tether.perf.simulator`): throughput, staleness and the server's utilisation."""
+    for name, value, least in (("workers", workers, 1), ("rounds", rounds, 1), ("seed", seed, 0)):
+        _count(name, value, least)
+    if tau is not None:
+        _count("tau", tau, 1)
     try:
         speeds = WorkerSpeeds(
             step_s=step_s,

@@ -30,53 +30,27 @@ a server's service includes its measured CPU per exchange.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import (
-    ALL_REDUCE_ALGORITHMS,
     Links,
     all_reduce_time,
     message_time,
 )
 from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
+from tether.perf.run_setup import (
+    COLLECTIVE_METHODS,
+    SERVER_METHODS,
+    Setup,
+)
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
 
-COLLECTIVE_METHODS = ("sync-sgd", "sync-easgd", "local-sgd", "two-level-easgd")
-SERVER_METHODS = (
-    "original-easgd",
-    "async-sgd",
-    "async-msgd",
-    "async-easgd",
-    "async-measgd",
-    "hogwild-sgd",
-    "hogwild-easgd",
-)
-PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
 MIB = 1 << 20
-# what --allreduce may name: the run's own choices ("native": the backend's; "auto": the fastest
-# for each size, priced as the model's fastest) and every schedule the model prices
-PRICED_ALL_REDUCES = ("native", "auto", *ALL_REDUCE_ALGORITHMS)
 BUCKET_CANDIDATES_MB = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What runs: the method and its communication settings (as ``tether train`` takes them)."""
-
-    method: str
-    workers: int
-    tau: int = 1
-    bucket_mb: float = 1.0  # 0: one message per tensor
-    overlap: bool = True
-    allreduce: str = "native"
-    ranks_per_node: int = 0  # 0: the profile's
-    threads_per_worker: int = 1
 
 
 @dataclass(frozen=True)
@@ -318,24 +292,7 @@ def _node_cpu_floor(
 
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
     """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
-    if setup.method not in PREDICTED_METHODS:
-        raise TetherError(
-            f"no prediction for method '{setup.method}': one of {', '.join(PREDICTED_METHODS)}"
-        )
-    if setup.workers < 1 or setup.tau < 1:
-        raise TetherError("workers and tau must be at least 1")
-    if not math.isfinite(setup.bucket_mb) or setup.bucket_mb < 0:
-        raise TetherError(
-            f"bucket_mb must be >= 0 (0: one message per tensor), got {setup.bucket_mb}"
-        )
-    if setup.ranks_per_node < 0:
-        raise TetherError(
-            f"ranks_per_node must be >= 0 (0: the profile's), got {setup.ranks_per_node}"
-        )
-    if setup.allreduce not in PRICED_ALL_REDUCES:
-        raise TetherError(
-            f"unknown all-reduce {setup.allreduce!r}: one of {', '.join(PRICED_ALL_REDUCES)}"
-        )
+    setup.check()
     links = links_of(profile, setup.ranks_per_node)
     neighbours = _neighbour_slowdown(profile, setup, links)
     alone = workload.step_times(profile).slowed(neighbours)  # a core of its own, on a busy node

@@ -1,0 +1,83 @@
+"""What a prediction prices: the method and its communication settings (:class:`Setup`, as
+``tether train`` takes them), and their check. The check is its own step so that ``tether
+predict`` can run it on the options as given, naming them as the user typed them, before it builds
+and times a model (seconds to minutes) only to refuse a setting at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tether.errors import TetherError
+from tether.perf.collective_cost import ALL_REDUCE_ALGORITHMS
+
+COLLECTIVE_METHODS = ("sync-sgd", "sync-easgd", "local-sgd", "two-level-easgd")
+SERVER_METHODS = (
+    "original-easgd",
+    "async-sgd",
+    "async-msgd",
+    "async-easgd",
+    "async-measgd",
+    "hogwild-sgd",
+    "hogwild-easgd",
+)
+PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
+# what --allreduce may name: the run's own choices ("native": the backend's; "auto": the fastest
+# for each size, priced as the model's fastest) and every schedule the model prices
+PRICED_ALL_REDUCES = ("native", "auto", *ALL_REDUCE_ALGORITHMS)
+# each whole-number setting, its least value and what that least value means (where it is not
+# the obvious one)
+_COUNTS = (
+    ("workers", 1, ""),
+    ("tau", 1, ""),
+    ("ranks_per_node", 0, " (0: the profile's)"),
+    # a worker prices whole cores: 0 would be a worker that uses none (tether train's "divide
+    # the cores" is not priced, since a prediction's node has no cores of its own to divide)
+    ("threads_per_worker", 1, ""),
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What runs: the method and its communication settings (as ``tether train`` takes them)."""
+
+    method: str
+    workers: int
+    tau: int = 1
+    bucket_mb: float = 1.0  # 0: one message per tensor
+    overlap: bool = True
+    allreduce: str = "native"
+    ranks_per_node: int = 0  # 0: the profile's
+    threads_per_worker: int = 1
+
+    def check(self, prefix: str = "") -> Setup:
+        """A one-line TetherError for a setting no run could take; ``prefix`` names the settings
+        as the caller spells them (``--bucket-mb`` on the command line, ``bucket_mb`` in
+        Python). Returns the setup, checked."""
+
+        def spelled(name: str) -> str:
+            return prefix + (name.replace("_", "-") if prefix == "--" else name)
+
+        if self.method not in PREDICTED_METHODS:
+            raise TetherError(
+                f"no prediction for method '{self.method}': one of {', '.join(PREDICTED_METHODS)}"
+            )
+        for name, least, meaning in _COUNTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TetherError(f"{spelled(name)} must be a whole number, got {value!r}")
+            if value < least:
+                raise TetherError(f"{spelled(name)} must be >= {least}{meaning}, got {value}")
+        mb = self.bucket_mb
+        number = isinstance(mb, int | float) and not isinstance(mb, bool)
+        if not (number and math.isfinite(mb) and mb >= 0):
+            raise TetherError(
+                f"{spelled('bucket_mb')} must be >= 0 and finite (MiB; 0: one message per "
+                f"tensor), got {mb!r}"
+            )
+        if self.allreduce not in PRICED_ALL_REDUCES:
+            raise TetherError(
+                f"unknown all-reduce {self.allreduce!r}: one of {', '.join(PRICED_ALL_REDUCES)}"
+            )
+        return self
