@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tether.config import TrainConfig
+from tether.config import MAX_WORKERS, TrainConfig
 from tether.config_sources import held_batch_size
 
 
@@ -30,14 +30,19 @@ def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str 
     """A line for predictions at the default batch where ``tether train``'s defaults would run
     another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
     batch beyond 2 workers, and a prediction at 64 is then not the run the user would get.
-    Consecutive counts with one batch are a range (a weak-scaling curve: 16 on 8 to 4096)."""
+    Consecutive counts with one batch are a range (a weak-scaling curve: 16 on 8 to 4096).
+    A prediction has no worker cap (it is a model, not a run), so counts beyond ``tether
+    train``'s ``MAX_WORKERS`` take the same held-batch rule, applied past the config's check."""
     from tether.catalog import resolve_config  # the registries: torch, not at the CLI's start
 
     held = []
     for method in methods:
         spans: list[tuple[int, int, int]] = []  # (first count, last count, batch)
         for p in sorted(set(counts)):
-            trained = resolve_config(None, {"method": method, "workers": p}).batch_size
+            # the method's defaults as a run would resolve them, at a count the config takes
+            config = resolve_config(None, {"method": method, "workers": min(p, MAX_WORKERS)})
+            unheld = dataclasses.replace(config, workers=p, batch_size=TrainConfig.batch_size)
+            trained = held_batch_size(unheld)
             if trained == batch:
                 continue
             if spans and spans[-1][2] == trained:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from tether import perf_inputs
+from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
 
 MAX_SCALING_WORKERS = 4096
@@ -63,35 +62,6 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
-def _timed_workload(config: TrainConfig, profile_name: str, repeats: int) -> tuple[Any, float]:
-    """The configured model's training step on one batch of the configured data, timed."""
-    import torch
-
-    from tether.api.calibrate import first_batch
-    from tether.bench.calibrate import time_model
-    from tether.catalog import task_from_config
-
-    torch.manual_seed(config.seed)
-    task = task_from_config(config)
-    model = task.build_model()
-    inputs, targets = first_batch(task.train_data, config.batch_size, task.collate_fn)
-    params = model.parameters()
-    optimizer = (
-        task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    )
-    return time_model(
-        model,
-        inputs,
-        targets,
-        task.loss,
-        optimizer,
-        config.model,
-        profile_name,
-        max(1, config.threads_per_worker),
-        repeats,
-    )
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import socket
 
@@ -115,7 +85,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     calibration = calibrate_machine(
         name,
         f"{config.model} at batch {config.batch_size}",
-        lambda: _timed_workload(config, name, args.repeats),
+        lambda: perf_workloads.timed_workload(config, name, args.repeats),
         TrainerLoops(train_argv, 10, 10 + args.loop_steps),
         options,
         lambda line: print(f"tether: {line}", file=sys.stderr),
@@ -150,25 +120,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload_for(config: TrainConfig, profile_path: str):
-    """The profile file's own timed workload when it is of this model (any batch: scaled);
-    otherwise the model's FLOPs counted here (times from the profile's FLOP/s)."""
-    from tether.perf.workload import Workload
-
-    path = Path(profile_path)
-    if path.is_file():
-        data = json.loads(path.read_text())
-        stored = data.get("workload") if isinstance(data, dict) else None
-        if stored is not None:  # checked even when of another model: the file is damaged
-            workload = Workload.from_dict(stored, str(path))
-            if workload.model == config.model:
-                return workload.at_batch(config.batch_size)
-    workload, _ = _timed_workload(config, "", repeats=2)
-    return workload
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
-    from tether.api.perf import method_tau, predict, predict_scaling
+    from tether.api.perf import method_tau
     from tether.batch_notes import held_batches_note
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
     from tether.perf.profile import load_profile
@@ -179,7 +132,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     perf_inputs.check_out_dir(out)
     config = _config(args)
     profile = load_profile(args.profile)
-    workload = _workload_for(config, args.profile)
+    used = perf_workloads.workload_for(config, args.profile, profile.name)
+    workload = used.workload
     settings: dict[str, Any] = {
         "bucket_mb": args.bucket_mb,
         "overlap": not args.no_overlap,
@@ -187,21 +141,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "ranks_per_node": args.ranks_per_node,
         "threads_per_worker": config.threads_per_worker,
     }
-    source = "timed layers" if workload.measured_on == profile.name else "counted FLOPs"
     print(
-        f"{workload.model}, batch {workload.batch_size} per worker, "
+        f"{config.model}, batch {workload.batch_size} per worker, "
         f"{workload.parameters_bytes / 2**20:.2f} MiB of parameters, on profile {profile.name} "
-        f"({source})"
+        f"({used.source})"
     )
+    threads = workload.timed_threads_note(
+        profile, config.threads_per_worker, "--threads-per-worker"
+    )
+    for line in (*used.notes, threads):
+        if line is not None:
+            print(line)
     curve_counts = [
         1 << k for k in range(args.max_workers.bit_length()) if 1 << k <= args.max_workers
     ]
     # a weak-scaling curve keeps the per-worker batch: its counts are runs at that batch too
     weak_counts = curve_counts if args.scaling == "weak" else []
-    note = (
+    note = (  # a data set smaller than the batch has its own note above: train would refuse it
         None
-        if args.batch_size is not None
-        else held_batches_note(methods, [*args.workers, *weak_counts], config.batch_size)
+        if args.batch_size is not None or workload.batch_size != config.batch_size
+        else held_batches_note(methods, [*args.workers, *weak_counts], workload.batch_size)
     )
     if note is not None:
         print(note)
@@ -213,7 +172,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for method in methods:
         tau = method_tau(method, args.tau)
         for p in args.workers:
-            pred = predict(workload, method, p, profile, tau=tau, **settings)
+            pred = perf_workloads.predict(workload, method, p, profile, tau=tau, **settings)
             d = pred.to_dict()
             report.append({**d, "tau": tau})
             rows.append({**d, "label": f"{method} x{p}"})
@@ -224,24 +183,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 f"{pred.samples_per_s:>12.1f}"
             )
             if method == "sync-sgd":
-                print(
-                    f"{'':<16}naive {pred.details['naive_s'] * 1e3:.3f} ms, wait-free backprop "
-                    f"{pred.details['wfbp_s'] * 1e3:.3f} ms, MG-WFBP "
-                    f"{pred.details['mg_wfbp_s'] * 1e3:.3f} ms "
-                    f"({pred.details['mg_wfbp_messages']} messages); best --bucket-mb "
-                    f"{pred.details['recommended_bucket_mb']:g}"
-                )
+                print(f"{'':<16}{perf_workloads.sync_sgd_line(pred.details)}")
     result: dict[str, Any] = {
         "profile": profile.to_dict(),
         "workload": workload.to_dict(),
         "predictions": report,
     }
     out.mkdir(parents=True, exist_ok=True)
-    plot_breakdown(rows, out / "breakdown.png", title=f"{workload.model} on {profile.name}")
+    plot_breakdown(rows, out / "breakdown.png", title=f"{config.model} on {profile.name}")
     if args.scaling:
         curves = {}
         for method in methods:
-            curves[method] = predict_scaling(
+            curves[method] = perf_workloads.predict_scaling(
                 workload,
                 method,
                 profile,
@@ -254,7 +207,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         plot_scaling(
             curves,
             out / "scaling.png",
-            title=f"{args.scaling} scaling of {workload.model} on {profile.name}",
+            title=f"{args.scaling} scaling of {config.model} on {profile.name}",
         )
         for method, curve in curves.items():
             last = curve[-1]

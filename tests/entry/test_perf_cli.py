@@ -121,11 +121,11 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
     time followed by a measurement of the links (the wire once, after the first) and of the
     exchange in training; the medians are kept: for the links, the ring fitted to each size's
     median time. The measurements are stand-ins here (the test above runs the real ones)."""
-    from tether import perf_commands
+    from tether import perf_workloads
     from tether.bench import calibrate, compute_samples, server_wire
 
     order: list[str] = []
-    timed = perf_commands._timed_workload
+    timed = perf_workloads.timed_workload
     # (sync-sgd on 1 worker, the pair: 1 and 2 workers that never communicate) x 3: the compute
     # per step; the whole loop 1 ms more
     computes = iter([0.010, 0.002, 0.005, 0.012, 0.004, 0.0044, 0.014, 0.006, 0.0066])
@@ -152,7 +152,7 @@ def test_calibrate_spreads_its_compute_samples_over_the_calibration(
         order.append("wire")
         return server_wire.WireFit(1e-4, 1e-9, [(4096.0, 1e-3), (8192.0, 2e-3)], "now")
 
-    monkeypatch.setattr(perf_commands, "_timed_workload", layers)
+    monkeypatch.setattr(perf_workloads, "timed_workload", layers)
     loops = compute_samples.TrainerLoops
     monkeypatch.setattr(loops, "one_worker", lambda self: loop("loop"))
     monkeypatch.setattr(loops, "quiet", lambda self, n: loop({1: "alone", 2: "busy"}[n]))
@@ -248,10 +248,10 @@ def _never(*args, **kwargs):
 @pytest.fixture
 def no_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A refusal must come before any timing: timing fails the test."""
-    from tether import perf_commands
+    from tether import perf_workloads
     from tether.bench import calibrate
 
-    monkeypatch.setattr(perf_commands, "_timed_workload", _never)
+    monkeypatch.setattr(perf_workloads, "timed_workload", _never)
     monkeypatch.setattr(calibrate, "calibrate_machine", _never)
 
 

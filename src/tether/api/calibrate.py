@@ -146,6 +146,18 @@ def first_batch(
         ) from None
 
 
+def model_name(model: Any, net: nn.Module) -> str:
+    """The workload's model name in the profile: a factory's import path (``mypkg.nets:build``)
+    where it has one, as ``tether predict --model`` takes it, so that the command finds the
+    file's timed layers by name as it does for a file of ``tether calibrate``; else the module's
+    class name (the command then matches the layers themselves)."""
+    module, qualname = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
+    importable = module and module != "__main__" and qualname.isidentifier()
+    if not isinstance(model, nn.Module) and importable:
+        return f"{module}:{qualname}"
+    return type(net).__name__
+
+
 def calibrate(
     model: nn.Module | Callable[[], nn.Module],
     train_data: Dataset,
@@ -237,7 +249,7 @@ def calibrate(
             raise TetherError(f"model() must return a torch.nn.Module, not {type(net).__name__}")
         params = list(net.parameters())
         opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
-        what = type(net).__name__
+        what = model_name(model, net)
         return time_model(
             net, inputs, targets, loss, opt, what, profile_name, threads_per_worker, repeats
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from tether.perf.profile import HardwareProfile, load_profile
 from tether.perf.scaling import scaling
 from tether.perf.simulator import SimulationConfig, SimulationResult, WorkerSpeeds
 from tether.perf.simulator import simulate as _simulate
-from tether.perf.workload import Workload
+from tether.perf.workload import TimedThreadsWarning, Workload
 
 HERE = "this machine (timed)"
 
@@ -108,7 +109,13 @@ def predict(
     (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``). ``settings``:
     ``tau`` (default: the method's own), ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
     ``threads_per_worker`` (as ``tether train`` takes them)."""
-    return _predict(_workload(workload), _profile(profile), _setup(method, workers, settings))
+    found, hardware, setup = (
+        _workload(workload),
+        _profile(profile),
+        _setup(method, workers, settings),
+    )
+    _warn_threads(found, hardware, setup)
+    return _predict(found, hardware, setup)
 
 
 def predict_scaling(
@@ -124,8 +131,21 @@ def predict_scaling(
     counts = list(workers)
     if not counts or not all(_is_count(p) and p >= 1 for p in counts):
         raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
-    setup = _setup(method, counts[0], settings)
-    return scaling(_workload(workload), _profile(profile), setup, counts, strong)
+    found, hardware, setup = (
+        _workload(workload),
+        _profile(profile),
+        _setup(method, counts[0], settings),
+    )
+    _warn_threads(found, hardware, setup)
+    return scaling(found, hardware, setup, counts, strong)
+
+
+def _warn_threads(workload: Workload, profile: HardwareProfile, setup: Setup) -> None:
+    """As ``tether predict`` notes it: layers timed on another thread count than predicted."""
+    setup.check()  # a thread count no run takes: its one line, not a note about it
+    note = workload.timed_threads_note(profile, setup.threads_per_worker, "threads_per_worker=")
+    if note is not None:
+        warnings.warn(note.removeprefix("note: "), TimedThreadsWarning, stacklevel=3)
 
 
 def _is_count(value: Any) -> bool:

@@ -172,6 +172,8 @@ def time_model(
         workload = measure_workload(
             model, inputs, targets, loss, optimizer, name, profile_name, repeats=repeats
         )
+        # kept, so that a prediction for another thread count can say its times are not of it
+        workload = dataclasses.replace(workload, threads=threads)
     finally:
         torch.set_num_threads(before)
     return workload, workload.timed_step_s

@@ -30,6 +30,7 @@ a server's service includes its measured CPU per exchange.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -152,8 +153,7 @@ def _sync_sgd(
         return _waiting(model(t_f, steps.backward_s, t_c, steps.update_s), skew_s)
 
     chosen = iteration(setup.bucket_mb, overlap)
-    sweep = {mb: iteration(mb, overlap).total_s for mb in BUCKET_CANDIDATES_MB}
-    best_mb = min(sweep, key=lambda mb: (sweep[mb], mb))
+    best_mb, best_s = _best_bucket(setup, steps, comm, lambda mb: iteration(mb, overlap).total_s)
     start_up = links.a + links.a_load
     merged = dag.mg_wfbp(t_f, steps.backward_s, steps.layer_bytes, steps.update_s, comm, start_up)
     return {
@@ -163,8 +163,25 @@ def _sync_sgd(
         "mg_wfbp_s": merged.iteration.total_s + skew_s,
         "mg_wfbp_messages": len(merged.groups),
         "recommended_bucket_mb": best_mb,
-        "recommended_s": sweep[best_mb],
+        "recommended_s": best_s,
     }
+
+
+def _best_bucket(
+    setup: Setup, steps: StepTimes, comm: dag.CommTime, total_s: Callable[[float], float]
+) -> tuple[float | None, float | None]:
+    """The ``--bucket-mb`` of the fastest predicted iteration, and its time. Candidates the
+    model cannot tell apart (within a part in a billion) are a tie, and a tie keeps the setting
+    as it is, or else takes the candidate nearest it: a recommendation must be a change the
+    model says is faster, not the smallest of equals. None where nothing is communicated (one
+    worker): no bucket size changes anything."""
+    if setup.workers <= 1 or comm(float(steps.model_bytes)) <= 0:
+        return None, None
+    sweep = {mb: total_s(mb) for mb in (*BUCKET_CANDIDATES_MB, setup.bucket_mb)}
+    fastest = min(sweep.values())
+    tied = [mb for mb, t in sweep.items() if t <= fastest * (1 + 1e-9)]
+    best = min(tied, key=lambda mb: (abs(mb - setup.bucket_mb), mb))
+    return best, sweep[best]
 
 
 def _waiting(it: dag.Iteration, skew_s: float) -> dag.Iteration:

@@ -206,6 +206,11 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     """A built-in profile by name, or a JSON file (``tether calibrate``'s output) by path."""
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
+        if path.is_dir():
+            raise TetherError(
+                f"profile {path} is a directory: give the profile file in it (e.g. "
+                f"{path / 'profile.json'}, as `tether calibrate` writes it)"
+            )
         if not path.is_file():
             raise TetherError(f"profile file {path} not found (write one with `tether calibrate`)")
         text = path.read_text()

@@ -19,6 +19,11 @@ from tether.errors import TetherError
 from tether.perf.profile import HardwareProfile
 
 
+class TimedThreadsWarning(UserWarning):
+    """``tether.predict`` for another thread count than a profile's layers were timed on
+    (:meth:`Workload.timed_threads_note`); ``tether predict`` says it in its own words instead."""
+
+
 @dataclass(frozen=True)
 class LayerCost:
     """One layer (a module with parameters of its own; ``(other)`` gathers what has none)."""
@@ -71,7 +76,8 @@ class StepTimes:
 @dataclass(frozen=True)
 class Workload:
     """``layers`` in forward order at ``batch_size`` samples per worker. ``measured_on`` names the
-    profile whose machine timed the layers ("" when only FLOPs were counted)."""
+    profile whose machine timed the layers ("" when only FLOPs were counted), ``threads`` the
+    threads per worker they were timed on (0: not recorded, a file from before it was)."""
 
     model: str
     batch_size: int
@@ -82,6 +88,7 @@ class Workload:
     # measured by running the trainer on one worker (tether calibrate); on the measuring
     # machine only, like the layer times
     data_s: float = 0.0
+    threads: int = 0
 
     @property
     def parameters_bytes(self) -> int:
@@ -115,6 +122,37 @@ class Workload:
         # data_s stays: at these sizes it is mostly the loop's fixed cost per step
         return replace(self, batch_size=batch_size, layers=layers)
 
+    def same_layers(self, other: Workload) -> bool:
+        """Whether ``other`` is the same model as far as a prediction can tell: the same layers
+        (names, gradient tensors' bytes) and the same counted FLOPs per sample. A profile file
+        names its model as its writer knew it (an import path from the command, a class name
+        from Python), so the name alone cannot say whether its timed layers are this model's."""
+        if [(x.name, x.tensor_bytes) for x in self.layers] != [
+            (y.name, y.tensor_bytes) for y in other.layers
+        ]:
+            return False
+        mine = self.forward_flops / self.batch_size
+        theirs = other.forward_flops / other.batch_size
+        return math.isclose(mine, theirs, rel_tol=1e-6)
+
+    def timed_threads_note(self, profile: HardwareProfile, threads: int, option: str) -> str | None:
+        """A line when predicting for ``threads`` per worker with layers timed on another count
+        (``option`` spells the setting as the caller does: ``--threads-per-worker`` or
+        ``threads_per_worker=``). The timed layers are used as they
+        are while the worker is priced at ``threads`` cores, so more threads can only slow it:
+        the prediction is not of a worker on that many threads."""
+        if not (self.measured_on and self.measured_on == profile.name):
+            return None  # counted FLOPs: the profile's FLOP/s are per worker, whatever it runs
+        if self.threads == threads or (not self.threads and threads == 1):
+            return None  # unrecorded (an older file) at the default 1: nothing to compare
+        timed = f"on {self.threads}" if self.threads else "on an unrecorded number of"
+        setting = f"{option}{threads}" if option.endswith("=") else f"{option} {threads}"
+        return (
+            f"note: profile {profile.name}'s layers were timed {timed} thread(s) per worker and "
+            f"are used as timed at {setting}, which only counts more cores per worker: "
+            f"calibrate with {setting} to predict that many threads"
+        )
+
     def step_times(self, profile: HardwareProfile) -> StepTimes:
         """Measured times on the machine that measured them; elsewhere FLOPs / achieved FLOP/s,
         and the update as a read of weights and gradient and a write of weights per byte
@@ -142,6 +180,7 @@ class Workload:
             "update_s": self.update_s,
             "data_s": self.data_s,
             "measured_on": self.measured_on,
+            "threads": self.threads,
             "layers": [
                 {**vars(layer), "tensor_bytes": list(layer.tensor_bytes)} for layer in self.layers
             ],
@@ -168,6 +207,7 @@ class Workload:
             update_s=_seconds(data.get("update_s", 0.0), "update_s", where),
             measured_on=str(data.get("measured_on", "")),
             data_s=_seconds(data.get("data_s", 0.0), "data_s", where),
+            threads=_count(data.get("threads", 0), "threads", where),
         )
 
 
