@@ -110,9 +110,10 @@ def sync_sgd_line(details: dict[str, Any]) -> str:
     oversubscribed node with no core to spare) they are said to be what overlap would give, and
     the run gets the naive time. No bucket size is recommended where nothing is communicated."""
     naive = f"naive {details['naive_s'] * 1e3:.3f} ms"
+    messages = details["mg_wfbp_messages"]
     overlapped = (
         f"wait-free backprop {details['wfbp_s'] * 1e3:.3f} ms, MG-WFBP "
-        f"{details['mg_wfbp_s'] * 1e3:.3f} ms ({details['mg_wfbp_messages']} messages)"
+        f"{details['mg_wfbp_s'] * 1e3:.3f} ms ({messages} message{'s' if messages != 1 else ''})"
     )
     if details["overlap_effective"]:
         line = f"{naive}, {overlapped}"

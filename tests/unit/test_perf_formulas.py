@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from tether.api.perf import predict
 from tether.comm.collectives.binomial import binomial_all_reduce
 from tether.comm.collectives.halving_doubling import halving_doubling_all_reduce
 from tether.comm.collectives.hierarchical import hierarchical_all_reduce
@@ -20,6 +21,7 @@ from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import Links, all_reduce_time, best_all_reduce
 from tether.perf.profile import built_in_profiles, load_profile, profile_from_dict
+from tether.perf.workload import LayerCost, Workload
 
 A, B, G = 3e-5, 1e-9, 2e-10
 IA, IB = 4e-4, 6e-9
@@ -215,3 +217,26 @@ def test_a_profile_missing_a_field_is_a_one_line_error(tmp_path) -> None:
     path.write_text("{not json")
     with pytest.raises(TetherError, match="not valid JSON"):
         load_profile(str(path))
+
+
+def test_mg_wfbp_takes_the_all_reduces_start_up_for_its_merge_rule() -> None:
+    """At 4096 workers a ring all-reduce's fixed cost (2(P-1) latencies) dwarfs the compute:
+    MG-WFBP must merge the layers into one message and predict no more than one bucket's WFBP.
+    It kept layers apart and predicted twice WFBP's time (LeNet-5 on the p40-cluster profile:
+    82.0 ms against 41.0 ms): a layer without parameters between two with (a pooling, an
+    activation) stopped its chain of merges, and its rule took one point-to-point latency for
+    the all-reduce's start-up."""
+    sizes = (624, 0, 9664, 0, 0, 192480, 40656, 3400)  # LeNet-5's layers, forward order (bytes)
+    tiny = Workload(  # microseconds of compute per layer
+        model="tiny",
+        batch_size=64,
+        layers=tuple(
+            LayerCost(f"l{i}", (b,) if b else (), 1e5, forward_s=1e-6, backward_s=2e-6)
+            for i, b in enumerate(sizes)
+        ),
+        update_s=1e-6,
+        measured_on="test",
+    )
+    pred = predict(tiny, "sync-sgd", 4096, "p40-cluster", bucket_mb=1000, overlap=True)
+    assert pred.details["mg_wfbp_messages"] == 1
+    assert pred.details["mg_wfbp_s"] <= pred.details["wfbp_s"] * (1 + 1e-9)

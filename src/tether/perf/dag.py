@@ -116,8 +116,9 @@ def mg_wfbp(
     comm: CommTime,
     alpha: float,
 ) -> Merged:
-    """Merge layer l's gradient into layer l-1's message when that saves more start-up time than
-    the overlap it loses: with ``r = tau_b(l-1) + t_b(l-1)`` (when l-1's gradient is ready), merge
+    """Merge layer l's gradient into layer l-1's message (l-1: the previous layer with
+    parameters) when that saves more start-up time than the overlap it loses (``alpha``: the
+    all-reduce's start-up): with ``r = tau_b(l-1) + t_b(l-1)`` (when l-1's gradient is ready), merge
     if ``r < tau_c(l) + t_c(l)`` and (``tau_c(l) > r`` or ``r - tau_c(l) < alpha``). Layers are
     decided from L down to 2 with the merges made so far; never predicts more than plain WFBP
     on one message per layer (the merge is kept only if the model agrees, which the rule's
@@ -133,21 +134,26 @@ def mg_wfbp(
     for layer in range(n - 1, 0, -1):
         if sizes[layer] <= 0:
             continue
+        # "l-1" is the previous layer with a gradient: a layer without parameters (a pooling, an
+        # activation) carries no message, and merging into it alone would only delay this one,
+        # so the greedy rule refused it and the chain of merges stopped there.
+        prev = next((i for i in range(layer - 1, -1, -1) if sizes[i] > 0), None)
+        if prev is None:
+            break
         t_c = times(sizes)
         tau_c = comm_starts(t_b, t_c)
-        tau_b_prev = sum(t_b[layer:])  # backward of layer-1 starts after layers L..layer
-        ready_prev = tau_b_prev + t_b[layer - 1]
+        ready_prev = sum(t_b[prev:])  # backward has passed layers L..prev: prev's gradient ready
         if not ready_prev < tau_c[layer] + t_c[layer]:
             continue
         if not (tau_c[layer] > ready_prev or ready_prev - tau_c[layer] < alpha):
             continue
         trial = list(sizes)
-        trial[layer - 1] += trial[layer]
+        trial[prev] += trial[layer]
         trial[layer] = 0.0
         candidate = wfbp(t_f, t_b, times(trial), t_u)
         if candidate.total_s <= best.total_s:
             sizes, best = trial, candidate
-            owner = [layer - 1 if o == layer else o for o in owner]
+            owner = [prev if o == layer else o for o in owner]
     groups: dict[int, list[int]] = {}
     for layer, o in enumerate(owner):
         groups.setdefault(o, []).append(layer)

@@ -154,14 +154,20 @@ def _sync_sgd(
 
     chosen = iteration(setup.bucket_mb, overlap)
     best_mb, best_s = _best_bucket(setup, steps, comm, lambda mb: iteration(mb, overlap).total_s)
-    start_up = links.a + links.a_load
+    # MG-WFBP's start-up is the all-reduce's (its fixed cost per message: 2(P-1) latencies on a
+    # ring), not one point-to-point latency: at thousands of workers the latter kept layers apart
+    # whose separate all-reduces cost more than the overlap they kept.
+    start_up = comm(1.0)
     merged = dag.mg_wfbp(t_f, steps.backward_s, steps.layer_bytes, steps.update_s, comm, start_up)
     return {
         "iteration": chosen,
         "naive_s": iteration(setup.bucket_mb, False).total_s,
         "wfbp_s": iteration(setup.bucket_mb, True).total_s,
         "mg_wfbp_s": merged.iteration.total_s + skew_s,
-        "mg_wfbp_messages": len(merged.groups),
+        # messages that carry something (a layer without parameters is a group of its own)
+        "mg_wfbp_messages": sum(
+            1 for group in merged.groups if sum(steps.layer_bytes[i] for i in group) > 0
+        ),
         "recommended_bucket_mb": best_mb,
         "recommended_s": best_s,
     }
