@@ -181,3 +181,21 @@ def test_without_overlap_the_overlapped_schedules_are_said_to_be_what_ifs() -> N
 def test_a_profile_directory_is_said_to_be_one(tmp_path: Path) -> None:
     with pytest.raises(TetherError, match=f"profile {tmp_path} is a directory: give the profile"):
         load_profile(str(tmp_path))
+
+
+def test_numpys_numbers_are_taken_as_pythons() -> None:
+    """The whole-number checks refused np.int64 (np.arange's) and np.float32, which predicted
+    before they were added; they are taken as plain numbers (predict.json holds those)."""
+    import numpy as np
+
+    from tether.api.perf import predict_scaling, simulate
+
+    workload = _workload("toy")
+    pred = predict(workload, "sync-sgd", np.int64(2), "p40-cluster", bucket_mb=np.float32(1.0))
+    assert pred.iteration_s > 0
+    rows = predict_scaling(workload, "sync-sgd", "p40-cluster", workers=list(np.arange(1, 4)))
+    assert [type(row["workers"]) for row in rows] == [int, int, int]
+    result = simulate("async-sgd", np.int64(4), np.int64(10), 0.01)
+    assert type(result.workers) is int and result.throughput_steps_s > 0
+    with pytest.raises(TetherError, match="workers must be a whole number"):
+        predict(workload, "sync-sgd", np.float64(2.5), "p40-cluster")

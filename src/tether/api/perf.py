@@ -16,6 +16,7 @@ simulate``) is a thin layer over the same functions.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -61,8 +62,8 @@ def time_model(
 
     if not isinstance(model, nn.Module):
         raise TetherError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    _count("threads", threads, 1)
-    _count("repeats", repeats, 1)  # the median of no timed step is no time
+    threads = _count("threads", threads, 1)
+    repeats = _count("repeats", repeats, 1)  # the median of no timed step is no time
     opt = optimizer or torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     workload, _ = timed(
         model,
@@ -131,6 +132,7 @@ def predict_scaling(
     counts = list(workers)
     if not counts or not all(_is_count(p) and p >= 1 for p in counts):
         raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
+    counts = [int(p) for p in counts]
     found, hardware, setup = (
         _workload(workload),
         _profile(profile),
@@ -149,16 +151,26 @@ def _warn_threads(workload: Workload, profile: HardwareProfile, setup: Setup) ->
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A whole number: an int or NumPy's integers (``np.arange``'s), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _count(name: str, value: Any, least: int) -> None:
-    """A whole-number argument: a float or a string would be cut or fail deep inside (a
-    simulation of ``rounds=2.5`` ran 2 rounds)."""
+def _count(name: str, value: Any, least: int) -> int:
+    """A whole-number argument, as a plain int: a float or a string would be cut or fail deep
+    inside (a simulation of ``rounds=2.5`` ran 2 rounds)."""
     if not _is_count(value):
         raise TetherError(f"{name} must be a whole number, got {value!r}")
     if value < least:
         raise TetherError(f"{name} must be at least {least}, got {value}")
+    return int(value)
+
+
+def _plain(value: Any) -> Any:
+    """NumPy's numbers as Python's (the checks and predict.json take those); anything else as
+    it is, for :meth:`Setup.check` to refuse in its own words."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def method_tau(method: str, given: int | None = None) -> int:
@@ -176,8 +188,9 @@ def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
         raise TetherError(
             f"unknown setting(s) {', '.join(unknown)}: predict takes {', '.join(sorted(known))}"
         )
+    settings = {key: _plain(value) for key, value in settings.items()}
     settings = {**settings, "tau": method_tau(method, settings.get("tau"))}
-    return Setup(method=method, workers=workers, **settings)
+    return Setup(method=method, workers=_plain(workers), **settings)
 
 
 def simulate(
@@ -197,10 +210,13 @@ def simulate(
 ) -> SimulationResult:
     """A discrete-event simulation of an asynchronous or round-robin method
     (:mod:`tether.perf.simulator`): throughput, staleness and the server's utilisation."""
-    for name, value, least in (("workers", workers, 1), ("rounds", rounds, 1), ("seed", seed, 0)):
-        _count(name, value, least)
+    workers, rounds, seed = (
+        _count("workers", workers, 1),
+        _count("rounds", rounds, 1),
+        _count("seed", seed, 0),
+    )
     if tau is not None:
-        _count("tau", tau, 1)
+        tau = _count("tau", tau, 1)
     try:
         speeds = WorkerSpeeds(
             step_s=step_s,
