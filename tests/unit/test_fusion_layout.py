@@ -110,3 +110,36 @@ def test_a_pass_after_a_backward_that_raised_sends_every_bucket_once() -> None:
     launched = sum(size for size, _ in reducer.launched)
     assert launched == sum(p.numel() for p in params) + len(params)  # gradients, used-flags
     assert reducer.launched[-1][1]  # the last bucket went once every gradient was computed
+
+
+def test_only_a_parameter_nothing_reached_since_zero_grad_loses_its_gradient() -> None:
+    """A second backward before the step, and a gradient set by hand, are gradients too: the
+    used-flags were reset after each reduction and missed them, dropping real gradients."""
+    import torch
+    from torch import nn
+
+    from tether.comm.fusion import GradientBucketer
+    from tether.comm.reducer import PendingReduce
+
+    class GroupOfOne:  # the mean of one rank is its own tensor
+        def start(self, chunk, average: bool):
+            return PendingReduce(tensor=chunk, wire=chunk, done=True)
+
+    torch.manual_seed(0)
+    a, b, never = nn.Linear(4, 1), nn.Linear(4, 1), nn.Linear(4, 1)
+    bucketer = GradientBucketer(
+        [*a.parameters(), *b.parameters(), *never.parameters()], GroupOfOne(), 1.0
+    )
+    x = torch.randn(3, 4)
+    bucketer.zero_grad()
+    a(x).sum().backward()  # one loss per head, added up before one step
+    b(x).sum().backward()
+    bucketer.finish()
+    assert torch.equal(a.weight.grad, x.sum(0, keepdim=True))
+    assert b.weight.grad is not None and never.weight.grad is None
+    bucketer.zero_grad()
+    a.weight.grad = torch.ones_like(a.weight)  # a gradient of the user's own
+    b(x).sum().backward()
+    bucketer.finish()
+    assert torch.equal(a.weight.grad, torch.ones_like(a.weight))
+    assert never.weight.grad is None

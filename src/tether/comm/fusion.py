@@ -211,12 +211,13 @@ class GradientBucketer:
         """A parameter that backward did not reach (unused this step) after someone set its
         ``.grad`` to None or replaced it (``model.zero_grad()``) contributes that gradient, or
         zeros, not what its view held before."""
-        for p, view in zip(self.params, self._views, strict=True):
+        for i, (p, view) in enumerate(zip(self.params, self._views, strict=True)):
             if p.grad is not view:
                 if p.grad is None:
                     view.zero_()
                 else:
                     view.copy_(p.grad)
+                    self._fired[i] = True  # a gradient of the user's: it counts as used
                 p.grad = view
 
     def _finish_backward(self) -> None:
@@ -250,9 +251,10 @@ class GradientBucketer:
         return start, end
 
     def _drop_unused(self) -> None:
-        """No gradient for a parameter that no rank used this step (the flags' mean is 0)."""
+        """No gradient for a parameter that no rank used since the gradients were last zeroed
+        (the flags' mean is 0). The flags are kept until ``zero_grad``: a second backward before
+        the step adds to the gradients, and a parameter only the first reached keeps its own."""
         unused = [i for i, fired in enumerate(self._fired) if not fired]
-        self._fired = [False] * len(self.params)
         if not unused:
             return  # used here, so used somewhere: no flag to read (no device sync on a GPU)
         used = self._used.tolist()
