@@ -93,7 +93,8 @@ def ignored_settings(
             messages.append("lars_eta applies to --optimizer lars only")
         elif key == "parallel_plan" and config.model_parallel == 1:
             messages.append("parallel_plan applies with model_parallel > 1 only")
-    if config.optimizer in RATE_OF_THEIR_OWN and "lr" not in set(given) and "optimizer" not in own:
+    rate_given = "lr" in set(given) or bool(config.resume)  # a resumed run's rate is its own
+    if config.optimizer in RATE_OF_THEIR_OWN and not rate_given and "optimizer" not in own:
         # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two
         # orders of magnitude off for LARS (eta scales it) and one for LAMB.
         messages.append(

@@ -120,6 +120,9 @@ def test_settings_a_method_ignores_are_named() -> None:
     (rate,) = ignored_settings(lars, {"momentum"})
     assert rate.startswith("--optimizer lars takes sync-sgd's default rate") and "--lr" in rate
     (rate,) = ignored_settings(TrainConfig(method="sync-easgd", optimizer="lamb"), set())
+    # a resumed run's rate comes from its saved config: the user's own, not a default
+    resumed = TrainConfig(method="sync-sgd", optimizer="lars", lr=16.0, resume=True)
+    assert ignored_settings(resumed, {"momentum"}) == []
     assert "--optimizer lamb takes sync-easgd's default rate" in rate
     # the user's own optimizer and schedule take none of the named ones' settings
     own = {"lr", "momentum", "warmup_steps", "lr_decay_power"}
