@@ -65,7 +65,8 @@ class WaitingWorkers:
                 f"tether: warning: an evaluation batch took {self.longest_s:.1f} s, near "
                 f"--timeout {self.timeout_s:g} s: the workers waiting for the server's replies "
                 "hear from it between batches only, and one that waits --timeout gives the "
-                "server up; raise --timeout, or evaluate in smaller batches (eval_batch_size)",
+                "server up; raise --timeout, or evaluate in smaller batches (--set "
+                "eval_batch_size=N; tether.fit's eval_batch_size=N)",
                 file=sys.stderr,
                 flush=True,
             )
