@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
@@ -36,15 +37,31 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
+class Big(nn.Module):
+    """64 MB of parameters: a worker's message is larger than the socket buffers (here up to
+    about 36 MB), so it cannot be written until the server reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = net()
+        self.big = nn.Parameter(torch.zeros(16_000_000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) + 0 * self.big[:1]
+
+
+def _train_data() -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 6, generator=gen)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
 def test_an_evaluation_longer_than_the_timeout_loses_no_worker(tmp_path: Path) -> None:
     """Before, each worker gave the evaluating server up after --timeout ("rank 0 sent nothing
     for 3.0 s") and the run failed with every worker lost."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 6, generator=gen)
-    train = TensorDataset(x, (x[:, 0] > 0).long())
     result = tether.fit(
         model=net,
-        train_data=train,
+        train_data=_train_data(),
         eval_data=SlowEval(),
         loss=nn.CrossEntropyLoss(),
         method="async-easgd",
@@ -62,3 +79,29 @@ def test_an_evaluation_longer_than_the_timeout_loses_no_worker(tmp_path: Path) -
     assert summary["steps"] == 40
     assert [entry["step"] for entry in summary["history"]] == [20, 40]
     assert summary["final_test_accuracy"] > 0.6  # one feature decides the class: chance is 0.5
+
+
+@pytest.mark.slow  # 64 MB messages: about 20 s
+def test_round_robin_takes_in_a_large_message_while_it_evaluates(tmp_path: Path) -> None:
+    """original-easgd reads a worker's message only in its turn: during an evaluation longer
+    than --timeout a worker whose message did not fit the socket buffers timed out in its send
+    ("read nothing for 3.0 s (8709239 of 64000296 bytes of a message)") and the run failed;
+    the BUSY messages could not reach it. The server now takes such a message in between
+    evaluation batches and serves it in its turn."""
+    result = tether.fit(
+        model=Big,
+        train_data=_train_data(),
+        eval_data=SlowEval(),
+        loss=nn.CrossEntropyLoss(),
+        method="original-easgd",
+        workers=2,
+        steps=12,
+        batch_size=16,
+        eval_every=6,
+        eval_batch_size=8,
+        timeout_s=TIMEOUT_S,
+        out=tmp_path / "run",
+        progress=False,
+    )
+    assert result.summary["lost_workers"] == []
+    assert result.summary["steps"] == 12

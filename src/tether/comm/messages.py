@@ -58,6 +58,12 @@ class MessageProtocol:
     def close(self) -> None:
         """Release the transport's connections (a transport that owns none does nothing)."""
 
+    def has_data(self, src: int, channel: int = 0) -> bool:
+        """Whether ``src`` has begun a message on ``channel`` that a receive would take at once
+        (False where a transport cannot tell: nothing is read ahead there)."""
+        del src, channel
+        return False
+
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> Any:
         """Post each (tensor, tag) to ``dst`` without blocking; returns a handle with ``wait()``
         that holds the tensors until the sends complete."""

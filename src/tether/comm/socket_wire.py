@@ -87,6 +87,10 @@ class WireConnection:
     def _describe(self) -> str:
         return f"rank {self.peer} (channel {self.channel})"
 
+    def has_data(self) -> bool:
+        """Whether a read would find bytes (or the end of the stream) at once."""
+        return bool(self._readable.poll(0))
+
     def write(self, views: list[memoryview], timeout_s: float | None) -> None:
         """Write the views in order, as one message; ``TimeoutError`` if the peer does not take
         them within ``timeout_s``."""
@@ -217,6 +221,10 @@ class SocketWire(MessageProtocol):
                 f"rank {self.rank} has no connection to rank {peer} (channel {channel})"
             )
         return connection
+
+    def has_data(self, src: int, channel: int = 0) -> bool:
+        connection = self._connections.get((src, channel))
+        return connection is not None and connection.has_data()
 
     def _send_parts(self, parts: list[tuple[torch.Tensor, int]], dst: int) -> WireSend:
         connection = self._connection(dst, parts[0][1])

@@ -111,6 +111,10 @@ class ServerEndpoint:
         self._heard: dict[int, float] = {}
         self._busy_sent = -float("inf")  # when keep_waiting last told the workers
         self._told_to_stop: set[int] = set()  # they read nothing more
+        # Round-robin only: a worker's next message (or what reading it raised), taken in by
+        # keep_waiting before its turn, while the server evaluates (see _read_ahead).
+        self._round_robin = False
+        self._ahead: dict[int, Message | Exception] = {}
         self.lines = ReplyLines(
             transport, self.state.workers, lambda rank, why: self._events.put(WorkerLost(rank, why))
         )
@@ -265,11 +269,29 @@ class ServerEndpoint:
 
     def arrivals_round_robin(self) -> Iterator[Message]:
         """Yield data messages from rank 1, 2, ..., P, 1, ... strictly in that order."""
+        self._round_robin = True
         while self.state.active:
             for rank in list(self.state.active):
-                msg = self.transport.recv_message(self._buffers(), src=rank)
+                ahead = self._ahead.pop(rank, None)
+                if isinstance(ahead, Exception):
+                    raise ahead
+                msg = ahead or self.transport.recv_message(self._buffers(), src=rank)
                 if self._accept(msg):
                     yield msg
+
+    def _read_ahead(self) -> None:
+        """Round-robin reads a worker's message only in its turn, and no thread reads before:
+        during an evaluation a worker whose message is larger than the socket buffers (a few MB)
+        would wait in its send until the run's timeout gave it up. Each message a worker has
+        begun is taken in here (one per worker: it sends the next only after its reply) and
+        served in its turn as before; what the read raised is raised in that turn."""
+        for rank in self.state.active:
+            if rank in self._ahead or not self.transport.has_data(rank, DATA_CHANNEL):
+                continue
+            try:
+                self._ahead[rank] = self.transport.recv_message(self._buffers(), src=rank)
+            except Exception as exc:  # a dead or broken worker: its turn reports it
+                self._ahead[rank] = exc
 
     def _accept(self, msg: Message) -> bool:
         """Book-keeping for every arrival; True for a data message the method must apply."""
@@ -354,6 +376,8 @@ class ServerEndpoint:
                 self.lines.post(rank, self.params[:0], MessageKind.BUSY, step, tracked=False)
             except Exception as exc:  # died meanwhile: its watch says so as well
                 self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))
+        if self._round_robin:
+            self._read_ahead()
 
     def reply(self, rank: int, payload: torch.Tensor, stop: bool = False) -> None:
         """Send ``payload`` to ``rank``, or tell it to stop, with the run's global step in the
