@@ -4,6 +4,7 @@ replies while it evaluates, and it tells them between batches that it is busy.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,25 +57,33 @@ def _train_data() -> TensorDataset:
     return TensorDataset(x, (x[:, 0] > 0).long())
 
 
-def test_an_evaluation_longer_than_the_timeout_loses_no_worker(tmp_path: Path) -> None:
-    """Before, each worker gave the evaluating server up after --timeout ("rank 0 sent nothing
-    for 3.0 s") and the run failed with every worker lost."""
+def _fit_evaluating_slowly(
+    model: Callable[[], nn.Module], method: str, steps: int, tmp_path: Path
+) -> dict:
+    """2 workers, --timeout 3, two evaluations of 4.8 s (one while the workers train, one at
+    the end) in batches of 0.8 s, between which the server speaks; the run's summary."""
     result = tether.fit(
-        model=net,
+        model=model,
         train_data=_train_data(),
         eval_data=SlowEval(),
         loss=nn.CrossEntropyLoss(),
-        method="async-easgd",
+        method=method,
         workers=2,
-        steps=40,
+        steps=steps,
         batch_size=16,
-        eval_every=20,  # one evaluation while the workers train, one at the end
-        eval_batch_size=8,  # 0.8 s per batch: the server speaks between batches
+        eval_every=steps // 2,
+        eval_batch_size=8,
         timeout_s=TIMEOUT_S,
         out=tmp_path / "run",
         progress=False,
     )
-    summary = result.summary
+    return result.summary
+
+
+def test_an_evaluation_longer_than_the_timeout_loses_no_worker(tmp_path: Path) -> None:
+    """Before, each worker gave the evaluating server up after --timeout ("rank 0 sent nothing
+    for 3.0 s") and the run failed with every worker lost."""
+    summary = _fit_evaluating_slowly(net, "async-easgd", 40, tmp_path)
     assert summary["lost_workers"] == []
     assert summary["steps"] == 40
     assert [entry["step"] for entry in summary["history"]] == [20, 40]
@@ -88,20 +97,6 @@ def test_round_robin_takes_in_a_large_message_while_it_evaluates(tmp_path: Path)
     ("read nothing for 3.0 s (8709239 of 64000296 bytes of a message)") and the run failed;
     the BUSY messages could not reach it. The server now takes such a message in between
     evaluation batches and serves it in its turn."""
-    result = tether.fit(
-        model=Big,
-        train_data=_train_data(),
-        eval_data=SlowEval(),
-        loss=nn.CrossEntropyLoss(),
-        method="original-easgd",
-        workers=2,
-        steps=12,
-        batch_size=16,
-        eval_every=6,
-        eval_batch_size=8,
-        timeout_s=TIMEOUT_S,
-        out=tmp_path / "run",
-        progress=False,
-    )
-    assert result.summary["lost_workers"] == []
-    assert result.summary["steps"] == 12
+    summary = _fit_evaluating_slowly(Big, "original-easgd", 12, tmp_path)
+    assert summary["lost_workers"] == []
+    assert summary["steps"] == 12
