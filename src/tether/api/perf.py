@@ -27,6 +27,7 @@ from torch import nn
 
 from tether.catalog import method_defaults
 from tether.errors import TetherError
+from tether.perf.checks import is_whole
 from tether.perf.predict import Prediction, Setup
 from tether.perf.predict import predict as _predict
 from tether.perf.profile import HardwareProfile, load_profile
@@ -130,7 +131,7 @@ def predict_scaling(
     """Throughput, the ideal line and efficiency for each worker count; weak scaling keeps the
     per-worker batch, strong scaling the global batch of the first count."""
     counts = list(workers)
-    if not counts or not all(_is_count(p) and p >= 1 for p in counts):
+    if not counts or not all(is_whole(p) and p >= 1 for p in counts):
         raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
     counts = [int(p) for p in counts]
     found, hardware, setup = (
@@ -150,15 +151,10 @@ def _warn_threads(workload: Workload, profile: HardwareProfile, setup: Setup) ->
         warnings.warn(note.removeprefix("note: "), TimedThreadsWarning, stacklevel=3)
 
 
-def _is_count(value: Any) -> bool:
-    """A whole number: an int or NumPy's integers (``np.arange``'s), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _count(name: str, value: Any, least: int) -> int:
     """A whole-number argument, as a plain int: a float or a string would be cut or fail deep
     inside (a simulation of ``rounds=2.5`` ran 2 rounds)."""
-    if not _is_count(value):
+    if not is_whole(value):
         raise TetherError(f"{name} must be a whole number, got {value!r}")
     if value < least:
         raise TetherError(f"{name} must be at least {least}, got {value}")

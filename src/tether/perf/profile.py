@@ -15,13 +15,13 @@ built-in ones are files in ``tether/perf/profiles/`` (``tether predict --profile
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from tether.errors import TetherError
+from tether.perf.checks import is_finite_number, is_whole
 
 BUILT_IN = "tether.perf.profiles"
 
@@ -138,7 +138,7 @@ def _sourced(data: dict[str, Any], path: str, where: str) -> Sourced:
             f'profile {where}: field \'{path}\' must be {{"value": number, "source": text}}'
         )
     value = entry["value"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise TetherError(f"profile {where}: '{path}' must be a finite number, not {value!r}")
     if value < 0:
         raise TetherError(f"profile {where}: '{path}' must be >= 0, not {value}")
@@ -152,7 +152,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "(given)") -> HardwareP
     counts = {}
     for key in ("ranks_per_node", "cores_per_node"):
         value = _field(data, key, where)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_whole(value) or value < 0:
             raise TetherError(f"profile {where}: '{key}' must be a whole number >= 0")
         counts[key] = value
     if counts["ranks_per_node"] < 1:

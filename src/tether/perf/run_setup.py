@@ -6,10 +6,10 @@ and times a model (seconds to minutes) only to refuse a setting at the end.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tether.errors import TetherError
+from tether.perf.checks import is_finite_number, is_whole
 from tether.perf.collective_cost import ALL_REDUCE_ALGORITHMS
 
 COLLECTIVE_METHODS = ("sync-sgd", "sync-easgd", "local-sgd", "two-level-easgd")
@@ -65,13 +65,12 @@ class Setup:
             )
         for name, least, meaning in _COUNTS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_whole(value):
                 raise TetherError(f"{spelled(name)} must be a whole number, got {value!r}")
             if value < least:
                 raise TetherError(f"{spelled(name)} must be >= {least}{meaning}, got {value}")
         mb = self.bucket_mb
-        number = isinstance(mb, int | float) and not isinstance(mb, bool)
-        if not (number and math.isfinite(mb) and mb >= 0):
+        if not (is_finite_number(mb) and mb >= 0):
             raise TetherError(
                 f"{spelled('bucket_mb')} must be >= 0 and finite (MiB; 0: one message per "
                 f"tensor), got {mb!r}"

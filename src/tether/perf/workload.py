@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.errors import TetherError
+from tether.perf.checks import is_finite_number, is_whole
 from tether.perf.profile import HardwareProfile
 
 
@@ -221,7 +222,7 @@ def _field(data: dict[str, Any], key: str, where: str) -> Any:
 
 
 def _count(value: Any, path: str, where: str, least: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_whole(value) or value < least:
         raise TetherError(
             f"workload {where}: '{path}' must be a whole number >= {least}, not {value!r}"
         )
@@ -230,7 +231,7 @@ def _count(value: Any, path: str, where: str, least: int = 0) -> int:
 
 def _seconds(value: Any, path: str, where: str) -> float:
     """A time or a count of FLOPs: a finite number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise TetherError(f"workload {where}: '{path}' must be a finite number, not {value!r}")
     if value < 0:
         raise TetherError(f"workload {where}: '{path}' must be >= 0, not {value}")

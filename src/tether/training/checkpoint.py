@@ -1,9 +1,10 @@
 """Checkpoints: written atomically, loaded with ``weights_only=True`` (no arbitrary unpickling).
 
 A checkpoint holds the model weights, the method's state (optimizer momentum, and later the center
-variable), the global step, the run's history so far and the random state (dropout: see
-training.random_state), so that ``--resume`` continues exactly: the data order depends only on
-(seed, step), so nothing else is needed for sync-sgd.
+variable), the global step, the run's history so far and the random state (torch's, Python's and
+NumPy's generators: dropout, a user's augmentation; see training.random_state), so that
+``--resume`` continues exactly: the data order depends only on (seed, step), so nothing else is
+needed for sync-sgd.
 """
 
 from __future__ import annotations
