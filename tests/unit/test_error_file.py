@@ -12,7 +12,7 @@ import tether.launch.error_file as error_file
 import tether.observe.files as files
 from tether.errors import TetherError
 from tether.launch.error_file import read_error_file, record_errors, record_uncaught_errors
-from tether.launch.local import describe_failures
+from tether.launch.failure_report import describe_failures
 
 
 class _Killed(BaseException):

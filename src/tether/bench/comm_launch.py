@@ -34,7 +34,8 @@ def launch_torch(workers: int, argv: Sequence[str], timeout_s: float, run_dir: P
     from torch.distributed.launcher.api import elastic_launch
 
     from tether.launch.exits import stopped
-    from tether.launch.local import describe_failures, local_launch_config
+    from tether.launch.failure_report import describe_failures
+    from tether.launch.local import local_launch_config
     from tether.launch.loopback import stores_of_a_launch
 
     launch = local_launch_config(workers, "tether-bench", monitor_s=0.1)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tether.config import TrainConfig
@@ -31,6 +31,7 @@ from tether.errors import WorkerFailure
 from tether.launch import loopback
 from tether.launch.env import prepare_local_environment, set_launcher_method
 from tether.launch.exits import stopped
+from tether.launch.failure_report import describe_failures
 from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
 from tether.observe.files import atomic_write_json, atomic_write_text
 from tether.observe.timeline import merge_after_run
@@ -42,89 +43,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _reason(failure: ProcessFailure) -> str:
-    """The first line of the worker's exception, or how the process died."""
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    lines = str(message).strip().splitlines()
-    # An exception recorded by the worker explains more than the signal that ended the process
-    # (a process can abort while shutting down after the error).
-    if lines and not lines[0].startswith(("To enable traceback", "Signal")):
-        return lines[0]
-    if failure.exitcode is not None and failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}"
-    return f"exited with code {failure.exitcode}"
-
-
-def _gave_up(reason: str) -> bool:
-    """Whether a failed rank's reason says it waited for a peer until its timeout."""
-    text = reason.lower()
-    return "timed out" in text or "timeout" in text or "gave up" in text
-
-
-def rank_name(rank: int, servers: int = 0) -> str:
-    """How a report names a rank: the first ``servers`` ranks are a parameter server's."""
-    return f"{'server' if rank < servers else 'worker'} rank {rank}"
-
-
-def unanswering_ranks(marks: Path | None, waited: bool, servers: int = 0) -> dict[int, str]:
-    """What the supervisors' marks say, by rank: a stopped (SIGSTOP) rank stopped answering; one
-    still running when the run was stopped did, if the failed ranks gave up waiting
-    (``waited``: a timeout; after an exception the healthy ranks are running too)."""
-    if marks is None or not marks.is_dir():
-        return {}
-    states = [("stopped", "was stopped (SIGSTOP) and stopped answering")]
-    if waited:
-        states.append(("running", "did not fail itself and stopped answering (hung?)"))
-    said: dict[int, str] = {}
-    for state, how in states:
-        for path in marks.glob(f"{state}-rank-*"):
-            rank = int(path.name.rsplit("-", 1)[1])
-            said.setdefault(rank, f"{rank_name(rank, servers)} {how}")
-    return said
-
-
-def _traceback(failure: ProcessFailure) -> str:
-    data = failure.error_file_data or {}
-    info = data.get("message", {})
-    if isinstance(info, dict):
-        return str(info.get("extraInfo", {}).get("py_callstack", info.get("message", "")))
-    return str(info)
-
-
-def describe_failures(
-    error: ChildFailedError, log: Path | None, marks: Path | None = None, servers: int = 0
-) -> tuple[str, list[int]]:
-    """One line per failed rank; full tracebacks go to ``log`` (the run's failures.log). The
-    ranks the supervisors found stopped (SIGSTOP) or still at work when the run was stopped
-    (``marks``) come first, instead of "killed by SIGTERM": they stopped answering, the other
-    failed ranks gave up waiting for them. The first ``servers`` ranks are named as the
-    parameter server they are, not as workers."""
-    reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
-    waited = any(_gave_up(reason) for reason in reasons.values())
-    silent = {
-        rank: text
-        for rank, text in unanswering_ranks(marks, waited, servers).items()
-        # A rank that recorded its own error was at work on its way out, not silent.
-        if rank not in reasons or reasons[rank].startswith("killed by")
-    }
-    lines = [text for rank, text in sorted(silent.items())]
-    details, ranks = [], []
-    for rank, failure in sorted(error.failures.items()):
-        ranks.append(rank)
-        if rank not in silent:
-            lines.append(f"{rank_name(rank, servers)} failed: {reasons[rank]}")
-        name = rank_name(rank, servers)
-        details.append(f"== {name} ==\n{_traceback(failure) or reasons[rank]}\n")
-    message = "; ".join(lines)
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("\n".join(details))
-        message += f" (traceback in {log})"
-    return message, ranks
 
 
 def local_launch_config(processes: int, name: str, monitor_s: float = 0.2) -> LaunchConfig:
