@@ -32,7 +32,15 @@ from tether.launch import loopback
 from tether.launch.env import prepare_local_environment, set_launcher_method
 from tether.launch.exits import stopped
 from tether.launch.failure_report import describe_failures
-from tether.launch.lost import LOST_DIR, failures_text, merge_into_summary, read_lost_records
+from tether.launch.lost import (
+    LOST_DIR,
+    add_earlier_to_summary,
+    failures_text,
+    merge_into_summary,
+    read_earlier_records,
+    read_lost_records,
+    set_aside_earlier,
+)
 from tether.observe.files import atomic_write_json, atomic_write_text
 from tether.observe.timeline import merge_after_run
 
@@ -129,7 +137,7 @@ def _launch_supervised(
     worker may be lost; always, a stop reaches a stopped or blocked worker, and ``marks``
     records which ranks were stopped or still at work when the run was stopped."""
     lost = run_dir / LOST_DIR
-    shutil.rmtree(lost, ignore_errors=True)  # records of an earlier attempt (before a resume)
+    set_aside_earlier(run_dir, config.resume)
     config_path = run_dir / LAUNCH_CONFIG
     atomic_write_text(config_path, config.to_toml())
     python = sys.executable
@@ -181,13 +189,15 @@ def _append(log: Path, text: str) -> None:
 
 def _record_lost_workers(run_dir: Path) -> None:
     """After a run that carried on: how each lost worker ended goes into summary.json, and its
-    traceback into failures.log."""
-    records = read_lost_records(run_dir)
-    if not records:
+    traceback into failures.log; after a resume, those of the attempts before it too."""
+    records, earlier = read_lost_records(run_dir), read_earlier_records(run_dir)
+    if not records and not earlier:
         return
-    (run_dir / "failures.log").write_text(failures_text(records))
+    (run_dir / "failures.log").write_text(failures_text(earlier + records))
     path = run_dir / "summary.json"
     if path.exists():
         summary = json.loads(path.read_text())
         merge_into_summary(summary, records)
+        if earlier:
+            add_earlier_to_summary(summary, earlier)
         atomic_write_json(path, summary)

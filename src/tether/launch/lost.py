@@ -3,7 +3,9 @@
 The supervisor (:mod:`tether.launch.supervise`) writes one ``RUN/lost/rank-R.json`` per lost
 worker: how the process ended, when, and its exception and traceback if it raised. After the run,
 the launcher adds these facts to the server's ``lost_workers`` in ``summary.json`` (the server
-only sees a closed connection) and keeps the tracebacks in ``RUN/failures.log``.
+only sees a closed connection) and keeps the tracebacks in ``RUN/failures.log``. A resumed run
+keeps the records of the attempts before it (:func:`set_aside_earlier`): ``summary.json``'s
+``lost_before_resume`` lists them, since those losses shaped the checkpoint it went on from.
 
 Standard library only: the supervisor imports it.
 """
@@ -11,6 +13,7 @@ Standard library only: the supervisor imports it.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 from tether.observe.files import atomic_write_json
 
 LOST_DIR = "lost"
+EARLIER = "before-resume-"  # prefix of an earlier attempt's record, kept by a resumed run
 # Written by the server's supervisor when the server exits 0: workers still running after that
 # are of no more use to the run.
 SERVER_FINISHED = ".server-finished"
@@ -65,6 +69,38 @@ def read_lost_records(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: int(r.get("rank", -1)))
 
 
+def set_aside_earlier(run_dir: Path, resume: bool) -> None:
+    """Before a launch: a new run starts with an empty ``lost/``; a resumed one keeps only the
+    records of the attempts before it, renamed ``before-resume-<time>-rank-R.json`` so that this
+    attempt's supervisors do not overwrite them and :func:`read_lost_records` does not take them
+    for this attempt's. Everything else goes: the earlier server's ``.server-finished`` mark
+    would tell this attempt's supervisors that the server is done and theirs to kill."""
+    lost = run_dir / LOST_DIR
+    kept: dict[str, bytes] = {}
+    if resume:
+        for path in sorted(lost.glob(f"{EARLIER}*.json")):
+            kept[path.name] = path.read_bytes()
+        for path in sorted(lost.glob("rank-*.json")):
+            kept[f"{EARLIER}{time.time_ns()}-{path.name}"] = path.read_bytes()
+    shutil.rmtree(lost, ignore_errors=True)
+    if kept:
+        lost.mkdir(parents=True)
+        for name, data in kept.items():
+            (lost / name).write_bytes(data)
+
+
+def read_earlier_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records set aside by :func:`set_aside_earlier`, in the order they were lost."""
+    records = []
+    for path in (run_dir / LOST_DIR).glob(f"{EARLIER}*.json"):
+        try:
+            record = json.loads(path.read_text())
+            records.append({**record, "record": f"{LOST_DIR}/{path.name}"})
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(records, key=lambda r: (float(r.get("time", 0)), int(r.get("rank", -1))))
+
+
 def given_up_by_server(lost_dir: Path, rank: int) -> bool:
     """Whether the finished server's ``summary.json`` (beside ``lost_dir``, in the run directory)
     names ``rank`` among the workers it gave up on: such a worker is hung or stopped, and
@@ -97,9 +133,23 @@ def merge_into_summary(summary: dict[str, Any], records: list[dict[str, Any]]) -
     summary["lost_workers"] = [entries[rank] for rank in sorted(entries)]
 
 
+def add_earlier_to_summary(summary: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+    """``lost_before_resume``: the workers lost in the attempts before a resume, how and when."""
+    keys = ("rank", "reason", "exit", "time_iso", "record")
+    summary["lost_before_resume"] = [
+        {("lost_at" if key == "time_iso" else key): r[key] for key in keys if key in r}
+        for r in earlier
+    ]
+
+
 def failures_text(records: list[dict[str, Any]]) -> str:
     return "".join(
-        f"== worker rank {r['rank']} (lost at {r.get('time_iso', '?')}) ==\n"
+        f"== worker rank {r['rank']} (lost at {r.get('time_iso', '?')}"
+        f"{', before the resume' if _earlier(r) else ''}) ==\n"
         f"{r.get('traceback') or r.get('reason', '')}\n"
         for r in records
     )
+
+
+def _earlier(record: dict[str, Any]) -> bool:
+    return str(record.get("record", "")).startswith(f"{LOST_DIR}/{EARLIER}")

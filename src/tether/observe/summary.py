@@ -86,5 +86,10 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
             "  lost workers (the run carried on without them): "
             + ", ".join(_lost_worker(entry) for entry in lost)
         )
+    earlier = summary.get("lost_before_resume") or []
+    if earlier:
+        lines.append(
+            "  lost before the resume: " + ", ".join(_lost_worker(entry) for entry in earlier)
+        )
     lines.append(f"  run directory: {run_dir}")
     return "\n".join(lines)
