@@ -66,7 +66,7 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
     ``supplied``: the component keys given as objects (``tether.fit``), whose config value only
     describes them."""
     METHODS.get(config.method)
-    valid = ["auto", *collectives_for("all_reduce")]
+    valid = collectives_for("all_reduce")  # "auto" among them
     if config.allreduce not in valid:
         raise TetherError(
             f"unknown all-reduce algorithm {config.allreduce!r}; valid: {', '.join(valid)}"

@@ -5,13 +5,15 @@ schedules that did not match, and every rank waited out the timeout blaming a li
 every rank refuses ``hierarchical`` in one line at once; an even layout builds as before.
 
 Also here (a group costs seconds): an fp16 tensor on the fp16 wire is divided before the sum,
-as any other tensor is, so a mean that fits in fp16 does not overflow on its way."""
+as any other tensor is, so a mean that fits in fp16 does not overflow on its way; the fp16
+wire's documented edge; a collective averaging a parameter in place; an unknown wire format."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tether.comm.collectives.registry import COLLECTIVES
 from tether.comm.reducer import AllReducer
 from tether.comm.transport import TorchTransport
 from tether.errors import TetherError
@@ -35,6 +37,18 @@ def _on_every_rank(rank: int, world: int) -> dict:
     big = torch.full((4,), 40000.0, dtype=torch.float16)  # the sum of 3 overflows fp16
     fp16.start(big, average=True).wait()
     out["fp16"] = big.float().tolist()
+    # fp32 on the fp16 wire: the documented edge (x / P rounds to nearest, up as well)
+    edge = torch.tensor([65000.0, 65504.0])
+    fp16.start(edge, average=False).wait()
+    out["fp16_edge"] = edge.tolist()
+    # a parameter averaged in place through a collective's own API (no autograd step)
+    param = torch.nn.Parameter(torch.full((3,), float(rank)))
+    COLLECTIVES.get("ring").all_reduce(param, "avg")
+    out["param_avg"] = param.detach().tolist()
+    try:
+        AllReducer(TorchTransport(), "ring", "zfp")
+    except TetherError as exc:
+        out["wire"] = str(exc)
     return out
 
 
@@ -45,3 +59,7 @@ def test_uneven_nodes_are_refused_on_every_rank_at_once() -> None:
         assert "nodes hold 1 to 2" in rank["uneven"]
         assert rank["mean"] == pytest.approx([1.0] * 5)
         assert rank["fp16"] == pytest.approx([40000.0] * 4, rel=1e-2)  # was inf
+        assert rank["fp16_edge"][0] == pytest.approx(3 * 65000.0, rel=1e-3)
+        assert rank["fp16_edge"][1] == float("inf")  # as docs/communication.md says
+        assert rank["param_avg"] == [1.0, 1.0, 1.0]  # raised: an in-place op on a leaf
+        assert rank["wire"] == "unknown all-reduce wire format 'zfp'; valid: none, fp16, bf16"

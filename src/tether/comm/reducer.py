@@ -11,8 +11,11 @@ thread, so their order across ranks cannot be changed by thread scheduling.
 Reduced-precision wire formats (docs/communication.md; Jia et al. 2018): the vector is divided
 by P in its own precision, cast to fp16 or bf16, summed on the wire, and cast back. Dividing
 first means the fp16 sum of P values is bounded by the largest of them, so it overflows only if
-an input already does (65504 is fp16's largest value); bf16 has fp32's range but 8 bits of
-mantissa. Each element of the mean is within ``(2P-1) * u * mean_i |x_i|`` of the exact one, with
+an input already does (65504 is fp16's largest value), or lies within about P/2 fp16 steps of
+it: the cast rounds ``x_i / P`` to nearest, up as well (65504 on 3 ranks: 3 x 21840 = 65520,
+which fp16 rounds to inf; 65000 passes). Rounding toward zero would cost more passes over the
+vector; under fp16 loss scaling such an inf is an overflow like any other (sync-sgd skips the
+step and halves the scale). bf16 has fp32's range but 8 bits of mantissa. Each element of the mean is within ``(2P-1) * u * mean_i |x_i|`` of the exact one, with
 ``u = 2^-11`` (fp16) or ``2^-8`` (bf16): the P casts and the P-1 additions each round once;
 for fp16 only while ``x_i / P`` stays above its smallest normal value (6.1e-5): smaller values
 are subnormal, with fewer bits, down to 0 (bf16 keeps fp32's range).
@@ -99,6 +102,10 @@ class AllReducer:
     ) -> None:
         self.transport = transport
         self.world_size = transport.world_size
+        if compress not in WIRE_DTYPES:
+            raise TetherError(
+                f"unknown all-reduce wire format {compress!r}; valid: {', '.join(WIRE_DTYPES)}"
+            )
         self.wire_dtype = WIRE_DTYPES[compress]
         self.algorithm = self._resolve(algorithm, ranks_per_node, cache_dir)
         self._thread: CommThread | None = None
@@ -141,7 +148,7 @@ class AllReducer:
         """Start reducing the flat ``tensor`` in place (sum, or mean with ``average``)."""
         p = self.world_size
         if self.wire_dtype is not None and self.wire_dtype != tensor.dtype:
-            wire = (tensor / p).to(self.wire_dtype)  # pre-divided: the fp16 sum cannot overflow
+            wire = (tensor / p).to(self.wire_dtype)  # pre-divided: see the module docstring
             pending = PendingReduce(tensor, wire, multiply_by=1 if average else p)
         elif self.wire_dtype is not None and average:
             # already in the wire's format: divided in place first, for the same reason (an

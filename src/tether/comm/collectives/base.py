@@ -246,10 +246,13 @@ class Collective:
         else:
             flat = tensor.contiguous().view(-1)
         self.execute(kind, flat, op, root, transport)
-        if op == "avg" and (kind == "all_reduce" or (kind == "reduce" and transport.rank == root)):
-            flat.div_(world)
-        if not tensor.is_contiguous():
-            tensor.copy_(flat.view(tensor.shape))
+        with torch.no_grad():  # a parameter's values are reduced: not a step of its graph
+            if op == "avg" and (
+                kind == "all_reduce" or (kind == "reduce" and transport.rank == root)
+            ):
+                flat.div_(world)
+            if not tensor.is_contiguous():
+                tensor.copy_(flat.view(tensor.shape))
 
     def execute(
         self, kind: str, flat: torch.Tensor, op: str, root: int, transport: Transport

@@ -5,7 +5,8 @@ Thakur, Rabenseifner and Gropp 2005, "Optimization of collective communication o
 MPICH" (IJHPCA 19(1)): the short-message all-reduce. Cost ``log2(P)*(a + n*b + n*g)``: fewest
 rounds, most bytes, so it wins for small messages. Other P use the fold of
 :mod:`tether.comm.collectives.fold`. Both partners compute ``x + y`` and ``y + x``, which are the
-same floating-point number, so all ranks end bitwise identical.
+same floating-point number, so all ranks end bitwise identical; but for a NaN, whose sign and
+payload follow the operand order (still a NaN on every rank).
 
 All-gather (Thakur 2005, section 3.1): in round k every rank exchanges the ``2^k`` chunks it has
 gathered so far with the rank at distance 2^k: ``log2(P)*a + (P-1)/P*n*b``. With the fold, each
