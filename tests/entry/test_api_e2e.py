@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -361,7 +362,53 @@ def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "worker rank 1 finished" in result.stdout
     assert "worker rank 2 finished" not in result.stdout
-    assert re.search(r"worker rank 2 lost .*SIGKILL", result.stderr), result.stderr[-2000:]
+    lost = re.search(r"worker rank 2 lost .*SIGKILL.*\(details in (\S+)\)", result.stderr)
+    assert lost, result.stderr[-2000:]
+    record = Path(lost.group(1))  # the record the message names is there after the run
+    try:
+        assert json.loads(record.read_text())["exit"] == "killed by SIGKILL"
+    finally:
+        shutil.rmtree(record.parent, ignore_errors=True)
+
+
+STOPPING_SCRIPT = """
+import os, signal, sys, time
+import torch
+import tether
+
+ctx = tether.init(timeout_s=5)
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(400):
+    if ctx.rank == 1 and step == 5:
+        with open(sys.argv[1], "w") as mark:
+            mark.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGSTOP)  # this rank stops answering
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+ctx.finish()
+"""
+
+
+def test_tether_launch_ends_a_synchronous_run_whose_rank_stopped_and_names_it(
+    tmp_path: Path,
+) -> None:
+    # Before, tether launch ran a synchronous method's ranks without the supervisor: a stopped
+    # rank ended the run only after the timeout and the agent's 30 s, and was not named.
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING_SCRIPT)
+    mark = tmp_path / "stopped_at"
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "2", "--method", "sync-sgd"]
+    result = _run([*command, str(script), str(mark)], timeout=120)
+    ended = time.time()
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(
+        "tether: error: worker rank 1 was stopped (SIGSTOP) and stopped answering"
+    ), error
+    # the peer's 5 s timeout, then the supervisors' 3 s to end what a stop did not
+    assert ended - float(mark.read_text()) < 15, ended - float(mark.read_text())
 
 
 EARLY_SAMPLER_SCRIPT = """

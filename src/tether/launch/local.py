@@ -141,10 +141,17 @@ def _launch_supervised(
     config_path = run_dir / LAUNCH_CONFIG
     atomic_write_text(config_path, config.to_toml())
     python = sys.executable
-    supervise = [python, "-m", "tether.launch.supervise", "--marks-dir", str(marks)]
-    supervise += ["--lost-dir", str(lost), "--"] if tolerant else ["--"]
     worker = [python, "-m", worker_module, str(config_path), *extra_args]
-    elastic_launch(launch, supervise[0])(*supervise[1:], *worker)
+    elastic_launch(launch, python)(*_supervised(marks, lost if tolerant else None), *worker)
+
+
+def _supervised(marks: Path, lost: Path | None) -> list[str]:
+    """The arguments before a rank's command that run it under the supervisor
+    (:mod:`tether.launch.supervise`): ``marks`` for the ranks found stopped or still at work
+    when the run was stopped, ``lost`` (a method that carries on) for the lost workers'
+    records."""
+    arguments = ["-m", "tether.launch.supervise", "--marks-dir", str(marks)]
+    return arguments + (["--lost-dir", str(lost)] if lost is not None else []) + ["--"]
 
 
 def launch_script(
@@ -155,30 +162,33 @@ def launch_script(
     servers: int = 0,
 ) -> None:
     """Run a user's program (``[script.py, args...]`` for this Python) in ``processes`` local
-    processes under the same agent as ``tether train`` (``tether launch``);
-    raise WorkerFailure when one fails. ``tolerant``: as for a training run, a worker rank
-    other than 0 may die and the others carry on (each runs under the supervisor).
-    ``method`` is what ``tether.init()`` in the script uses when it names none, and has
-    ``servers`` server ranks (named so in a failure's report). A script's uncaught exception
-    after ``tether.init`` reaches the report in one line (its error file: see
+    processes under the same agent and supervisor as ``tether train`` (``tether launch``);
+    raise WorkerFailure when one fails. As in a training run, a stopped (SIGSTOP) or hung rank
+    is stopped within seconds and named first; ``tolerant``: a worker rank other than 0 may
+    die and the others carry on (its record stays in a ``tether-lost-*`` directory under the
+    system's temporary one, which the supervisor's message names). ``method`` is what
+    ``tether.init()`` in the script uses when it names none, and has ``servers`` server ranks
+    (named so in a failure's report). A script's uncaught exception after ``tether.init``
+    reaches the report in one line (its error file: see
     :func:`tether.launch.error_file.record_uncaught_errors`)."""
     if method is not None:
         set_launcher_method(method)
     launch = local_launch_config(processes, "tether-launch")
     python = sys.executable
+    marks = Path(tempfile.mkdtemp(prefix="tether-ranks-"))
+    lost = Path(tempfile.mkdtemp(prefix="tether-lost-")) if tolerant else None
     try:
         with loopback.stores_of_a_launch():
-            if tolerant:
-                with tempfile.TemporaryDirectory(prefix="tether-lost-") as lost:
-                    supervise = ["-m", "tether.launch.supervise", "--lost-dir", lost, "--"]
-                    elastic_launch(launch, python)(*supervise, python, *command)
-            else:
-                elastic_launch(launch, python)(*command)
+            elastic_launch(launch, python)(*_supervised(marks, lost), python, *command)
     except ChildFailedError as error:
-        message, ranks = describe_failures(error, None, servers=servers)
+        message, ranks = describe_failures(error, None, marks, servers)
         raise WorkerFailure(message, ranks) from None
     except SignalException as stop:
         raise stopped(stop) from None
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+        if lost is not None and not any(lost.glob("rank-*.json")):  # kept: a worker was lost
+            shutil.rmtree(lost, ignore_errors=True)
 
 
 def _append(log: Path, text: str) -> None:
