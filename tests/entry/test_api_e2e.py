@@ -411,6 +411,36 @@ def test_tether_launch_ends_a_synchronous_run_whose_rank_stopped_and_names_it(
     assert ended - float(mark.read_text()) < 15, ended - float(mark.read_text())
 
 
+EARLY_FAILING_SCRIPT = """
+import os
+import tether
+
+if os.environ["RANK"] == "2":
+    raise RuntimeError("no data on this node")  # before the run has formed
+ctx = tether.init()
+ctx.finish()
+"""
+
+
+def test_a_worker_that_fails_before_joining_fails_an_asynchronous_run_at_once(
+    tmp_path: Path,
+) -> None:
+    # Before, the supervisor tolerated its loss as any other: the others waited out the
+    # rendezvous (60 s), were all recorded lost, and the server failed last, blaming a store
+    # timeout.
+    script = tmp_path / "early_failing.py"
+    script.write_text(EARLY_FAILING_SCRIPT)
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "3", "--method", "async-sgd"]
+    started = time.time()
+    result = _run([*command, str(script)], timeout=120)
+    took = time.time() - started
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "worker rank 2 failed before it joined the run" in result.stderr, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("tether: error: worker rank 2 failed: exited with code 1"), error
+    assert took < 30, took  # start-up and the agent's stop; no rendezvous timeout
+
+
 EARLY_SAMPLER_SCRIPT = """
 import torch
 import tether

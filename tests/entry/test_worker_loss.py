@@ -149,14 +149,25 @@ def _supervise(
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
 
 
+JOIN = "import os, pathlib; pathlib.Path(os.environ['TETHER_JOINED_MARK']).touch(); "
+
+
 def test_supervisor_hides_a_worker_failure_and_records_it(tmp_path: Path) -> None:
     error = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "TB"}}}
     code = f"import json; json.dump({error!r}, open({str(tmp_path / 'err.json')!r}, 'w')); exit(3)"
-    proc = _supervise(tmp_path, 1, code)
+    proc = _supervise(tmp_path, 1, JOIN + code)  # the worker had joined the run
     assert proc.returncode == 0
     record = json.loads((tmp_path / "lost" / "rank-1.json").read_text())
     assert record["reason"] == "ValueError: boom" and record["traceback"] == "TB"
     assert record["exit"] == "exited with code 3"
+
+
+def test_supervisor_passes_on_a_worker_failure_before_it_joined(tmp_path: Path) -> None:
+    # The run cannot form without it: tolerated, its loss left the others at the rendezvous.
+    proc = _supervise(tmp_path, 1, "exit(3)")
+    assert proc.returncode == 3
+    assert "worker rank 1 failed before it joined the run" in proc.stderr
+    assert list((tmp_path / "lost").glob("rank-*.json")) == []
 
 
 @pytest.mark.parametrize("rank, lost", [(0, True), (1, False)])
@@ -205,7 +216,7 @@ def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None
         assert proc.wait(timeout=10) == -signal.SIGTERM
     finally:
         proc.kill()
-    assert not (tmp_path / "lost").exists()
+    assert list((tmp_path / "lost").glob("rank-*.json")) == []
     assert processes_mentioning(str(marker)) == []
 
 

@@ -28,6 +28,7 @@ from tether.errors import TetherError
 from tether.launch.env import DistEnv
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
+from tether.observe.joined import mark_joined
 from tether.observe.metrics import PhaseTotals
 from tether.parallel import is_parallel, parallelize, parse_plan
 from tether.precision import Precision
@@ -156,6 +157,7 @@ class Context:
         context = MethodContext(self.config, self.data, self.device, self.placement, self.grid)
         method = self.method_class(model, context, optimizer, scheduler)
         method.start(0)
+        mark_joined()  # a worker lost from now on is one the run can carry on without
         self.method = method
         self.optimizer = MethodOptimizer(method, self.config.accumulate)
         if method.role() is Role.SERVER:

@@ -4,8 +4,10 @@ The elastic agent stops every worker as soon as one of its processes fails. That
 synchronous methods, but an asynchronous parameter server can carry on without a dead worker
 (methods with ``tolerates_worker_loss``). For those, the local launcher starts this module in each
 of the agent's worker slots; it runs the real worker as its child and, when a worker rank other
-than the server (rank 0) fails, writes ``LOST_DIR/rank-R.json`` and exits 0, so the agent keeps the
-others running. Any other failure is passed on with the child's exit status, and the child's
+than the server (rank 0) fails after it joined the run (:mod:`tether.observe.joined`), writes
+``LOST_DIR/rank-R.json`` and exits 0, so the agent keeps the others running. Any other failure
+(one before the worker joined included: the run cannot form without it) is passed on with the
+child's exit status, and the child's
 error file (:mod:`tether.launch.error_file`; the child inherits the agent's
 TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
@@ -52,6 +54,7 @@ from tether.launch.lost import (
     lost_record,
     write_lost_record,
 )
+from tether.observe.joined import JOINED_MARK_ENV
 
 SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
@@ -131,6 +134,13 @@ class Supervisor:
         """Whether this slot's worker may be lost without ending the run."""
         return self.lost_dir is not None and self.rank != SERVER_RANK
 
+    @property
+    def _joined_mark(self) -> Path:
+        """The file the worker touches once it has joined the run (:mod:`tether.observe.joined`):
+        until then its loss is not tolerated."""
+        assert self.lost_dir is not None
+        return self.lost_dir / f".joined-rank-{self.rank}"
+
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         del frame
         first = self.stop_signal is None
@@ -162,7 +172,14 @@ class Supervisor:
             return 128 + signal.SIGTERM
         # Same environment (placement, error file). Its own process group, so a signal the agent
         # sends to our group reaches the child once, through us, not twice.
-        self.child = subprocess.Popen(self.command, preexec_fn=_die_with_parent(), process_group=0)
+        env = dict(os.environ)
+        if self.tolerated:
+            assert self.lost_dir is not None
+            self.lost_dir.mkdir(parents=True, exist_ok=True)
+            env[JOINED_MARK_ENV] = str(self._joined_mark)
+        self.child = subprocess.Popen(
+            self.command, env=env, preexec_fn=_die_with_parent(), process_group=0
+        )
         if self.stop_signal is not None:  # it arrived while the child was starting
             self.child.send_signal(self.stop_signal)
         returncode, overstayed = self._wait(self.child)
@@ -171,7 +188,15 @@ class Supervisor:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
                 (self.lost_dir / SERVER_FINISHED).touch()
             return 0
-        if self.stop_signal is None and self.tolerated:
+        joined = overstayed or (self.tolerated and self._joined_mark.exists())
+        if self.stop_signal is None and self.tolerated and not joined:
+            print(
+                f"tether: worker rank {self.rank} failed before it joined the run, which cannot "
+                "form without it; the run fails",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.stop_signal is None and self.tolerated:
             assert self.lost_dir is not None
             error = read_error_file(elastic_error_file())
             record = lost_record(self.rank, returncode, error)

@@ -30,6 +30,7 @@ from tether.errors import WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
 from tether.methods.ps_method import ServerMethod
 from tether.observe.files import atomic_write_text
+from tether.observe.joined import mark_joined
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
 from tether.observe.step_trace import StepTracer
@@ -150,6 +151,7 @@ class Trainer:
         self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
+        mark_joined()  # a worker lost from now on is one the run can carry on without
         self.checkpoints.restore_random_state()  # after all that draws at start-up
 
     # -- the run ---------------------------------------------------------------------------------
