@@ -441,6 +441,42 @@ def test_a_worker_that_fails_before_joining_fails_an_asynchronous_run_at_once(
     assert took < 30, took  # start-up and the agent's stop; no rendezvous timeout
 
 
+HANGING_SERVER_SCRIPT = """
+import os, signal, threading, time
+import torch
+import tether
+
+ctx = tether.init(timeout_s=5)
+if ctx.rank == 0:  # the server hangs 3 s into serving (in its serving thread, as a deadlock would)
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
+for step in range(6000):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    time.sleep(0.005)
+print(f"worker rank {ctx.rank} finished", flush=True)
+ctx.finish()
+"""
+
+
+@pytest.mark.slow
+def test_a_hogwild_run_whose_server_hangs_ends_naming_it(tmp_path: Path) -> None:
+    # Hogwild workers never wait for the server: before, they trained on and finished, and the
+    # run waited for the hung server for ever. Now they give it up when its pulse on the board
+    # stands still for the timeout, and the server, alone, is ended by its supervisor.
+    script = tmp_path / "hanging_server.py"
+    script.write_text(HANGING_SERVER_SCRIPT)
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "3"]
+    result = _run([*command, "--method", "hogwild-sgd", str(script)], timeout=150)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "pulse stood still" in result.stderr, result.stderr[-3000:]
+    assert "finished" not in result.stdout  # they gave the server up long before their end
+    assert "server rank 0 stopped answering" in result.stderr, result.stderr[-3000:]
+
+
 EARLY_SAMPLER_SCRIPT = """
 import torch
 import tether

@@ -8,6 +8,7 @@ Rank 0 creates two files in ``/dev/shm`` (:mod:`tether.methods.shared_memory`): 
     board[i]        local steps of worker i      (written only by worker i)
     board[P + i]    elastic exchanges of worker i (hogwild-easgd)
     board[2P]       the stop flag                 (written only by the server)
+    board[2P + 1]   the server's pulse            (written only by the server)
 
 and a float64 *loss board* (:mod:`tether.methods.loss_board`: per worker the sum of its training
 losses, their count and a sequence number), from which the server logs each worker's loss.
@@ -21,7 +22,11 @@ The server computes nothing. Its model's parameters are views into the shared ve
 trainer's evaluation reads the live values. It waits for the workers' goodbyes (which carry their
 timings) and watches their liveness through :meth:`ServerEndpoint.poll`, and every ``POLL_S``
 publishes ``global_step = sum(local steps) // P`` to the trainer's hooks; when they ask to stop it
-raises the flag, which each worker reads after every step.
+raises the flag, which each worker reads after every step. It also counts its pulse on the board
+there, and between the batches of an evaluation: a worker, which never waits for the server,
+gives up a server whose pulse stands still for the run's timeout (hung), so that a hung server
+does not keep the run waiting for ever once its workers are done (:class:`Stillness`, the other
+way round).
 
 Across nodes: shared memory spans one node only. :func:`single_node` is the rule: every rank is on
 this node when the launcher's LOCAL_WORLD_SIZE equals WORLD_SIZE (processes started without a
@@ -73,6 +78,24 @@ class Stillness:
         return still
 
 
+class ServerPulse:
+    """A worker's watch on the server's pulse: the reason to give the server up once the pulse
+    has not moved for ``timeout_s`` (measured from when the watch first saw it)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._seen: tuple[int, float] | None = None
+
+    def check(self, pulse: int) -> str:
+        now = time.monotonic()
+        if self._seen is None or self._seen[0] != pulse:
+            self._seen = (pulse, now)
+            return ""
+        if now - self._seen[1] > self.timeout_s:
+            return f"server rank 0's pulse stood still for {now - self._seen[1]:.0f} s (hung?)"
+        return ""
+
+
 def single_node(context: MethodContext) -> bool:
     """True when every rank of the job runs on this node, so shared memory can hold the model."""
     world = context.transport.world_size
@@ -103,6 +126,7 @@ class HogwildMethod(ServerMethod):
         self.losses: LossBoard | None = None
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
         self.stopping = False
+        self.server_pulse = ServerPulse(self.config.timeout_s)  # a worker's watch on the server
 
     def max_step_jump(self) -> int:
         # Steps come from the board (this node's shared memory); a goodbye may follow the last
@@ -124,7 +148,7 @@ class HogwildMethod(ServerMethod):
         self.local_step = step
         self.open_wire()
         numel, dtype = self.flat.numel(), self.flat.dtype
-        words = 2 * self.workers + 1
+        words = 2 * self.workers + 2
         run_id = self.context.placement.run_id
         token = torch.zeros(1, dtype=torch.int64)
         if not self.is_server:
@@ -164,12 +188,25 @@ class HogwildMethod(ServerMethod):
         self.flat = flatten_parameters(self.model, storage=shared)
         return shared
 
+    def beat(self) -> None:
+        """The server's sign of life on the board (see :class:`ServerPulse`)."""
+        if self.board is not None:
+            self.board[2 * self.workers + 1] += 1
+
+    def keep_waiting(self) -> None:
+        """Between evaluation batches: the workers do not wait for replies, but they watch the
+        server's pulse."""
+        self.beat()
+
     # -- worker ----------------------------------------------------------------------------------
     def note_step(self) -> None:
         """Publish this worker's step count (the optimizer step counted it) where the server
         can see it, and follow the run's global step with the learning-rate schedule."""
         if self.board is not None:
             self.board[self.worker_index()] = self.local_step
+            hung = self.server_pulse.check(int(self.board[2 * self.workers + 1]))
+            if hung:
+                raise TetherError(f"{hung}: this worker gives it up")
             if self.scheduler is not None:
                 self.advance_schedule(sum(self.board_steps()) // self.workers)
 
@@ -199,6 +236,7 @@ class HogwildMethod(ServerMethod):
         stillness = Stillness(self.config.timeout_s)
         logged = [(0.0, 0)] * self.workers  # what was reported of each worker: (sum, count)
         while True:
+            self.beat()
             done = not state.active  # read before the steps: the final counts get published
             state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
             self._log_losses(hooks, logged)

@@ -149,6 +149,11 @@ class ServerMethod(TrainingMethod):
             self.link = WorkerEndpoint(self.wire, self.flat)
             self.link.on_sent = self.on_sent
 
+    def keep_waiting(self) -> None:
+        """Called by the serving thread between evaluation batches: the workers waiting for a
+        reply hear that the server is busy (``ServerEndpoint.keep_waiting``)."""
+        self.server.keep_waiting()
+
     def start(self, step: int = 0) -> None:
         """Handshake: the server checks each worker's model and sends it the (restored) weights."""
         super().start(step)

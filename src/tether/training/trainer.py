@@ -210,8 +210,8 @@ class Trainer:
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
         method = self.method
-        if isinstance(method, ServerMethod) and method.evaluation_pauses_workers:  # not Hogwild
-            self.scoring.waiting = WaitingWorkers(method.server.keep_waiting, self.config.timeout_s)
+        if isinstance(method, ServerMethod):
+            self.scoring.waiting = WaitingWorkers(method.keep_waiting, self.config.timeout_s)
         hooks = ServerProgress(
             self.config,
             self.record,
