@@ -475,6 +475,47 @@ def test_a_hogwild_run_whose_server_hangs_ends_naming_it(tmp_path: Path) -> None
     assert "pulse stood still" in result.stderr, result.stderr[-3000:]
     assert "finished" not in result.stdout  # they gave the server up long before their end
     assert "server rank 0 stopped answering" in result.stderr, result.stderr[-3000:]
+    for lost in set(re.findall(r"details in (\S+)/rank-\d+\.json", result.stderr)):
+        shutil.rmtree(lost, ignore_errors=True)  # the records tether launch keeps
+
+
+SAVING_SCRIPT = """
+import os, signal, sys, time
+import torch
+import tether
+
+def save_and_leave(*_):
+    time.sleep(4)  # a checkpoint written on the way out
+    open(sys.argv[1], "w").write("saved")
+    sys.exit(143)
+
+ctx = tether.init(timeout_s=30)
+if ctx.rank == 0:
+    signal.signal(signal.SIGTERM, save_and_leave)
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(100000):
+    if ctx.rank == 1 and step == 5:
+        raise RuntimeError("this rank fails")
+    if ctx.rank == 0 and step == 5:
+        time.sleep(60)  # at work between steps when the launcher stops it
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_tether_launch_gives_a_script_the_agents_time_to_save_on_sigterm(tmp_path: Path) -> None:
+    # Under the supervisor a rank told to stop was killed 3 s later (tether train's workers
+    # need no more); a user's script saving on SIGTERM, as under torchrun, gets torch's 30 s.
+    script = tmp_path / "saving.py"
+    script.write_text(SAVING_SCRIPT)
+    saved = tmp_path / "saved"
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "2", "--method", "sync-sgd"]
+    result = _run([*command, str(script), str(saved)], timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "worker rank 1 failed: RuntimeError: this rank fails" in result.stderr
+    assert saved.read_text() == "saved"
 
 
 EARLY_SAMPLER_SCRIPT = """

@@ -106,5 +106,46 @@ def test_what_counts_as_a_peers_doing() -> None:
     assert not caused_by_a_peer("killed by SIGKILL")
     assert not caused_by_a_peer("ValueError: the loss is NaN at step 3")
     assert not caused_by_a_peer("exited with code 1")
-    assert short_reason("ValueError: [a] b. This is typically caused by") == "ValueError: [a] b."
+    assert short_reason("ValueError: [a] b. This is typically caused by") == "ValueError: [a] b"
     assert short_reason("no advice here") == "no advice here"
+
+
+def test_ranks_at_work_are_not_called_hung_when_one_failed_on_its_own(tmp_path: Path) -> None:
+    # sync-sgd on our ring, rank 1 killed: the ranks it was exchanging with gave up on it (our
+    # collectives' "gave up"), those still computing were stopped by the agent: they were not
+    # hung, and came first as "stopped answering (hung?)".
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for rank in (2, 3):
+        (marks / f"running-rank-{rank}").touch()
+    stalled = "PeerStalled: ring schedule, rank 0: gave up receiving from rank 1 in round 1 of 6"
+    error = ChildFailedError(
+        "worker",
+        {
+            0: _failure(tmp_path, 0, stalled),
+            1: _failure(tmp_path, 1, None, exitcode=-9),
+            2: _failure(tmp_path, 2, None, exitcode=-15),
+            3: _failure(tmp_path, 3, None, exitcode=-15),
+        },
+    )
+    message, _ = describe_failures(error, None, marks=marks)
+    assert message.startswith("worker rank 1 failed: killed by SIGKILL; "), message
+    assert "hung" not in message and "stopped answering" not in message
+
+
+def test_a_users_own_timeout_is_not_a_peer_given_up(tmp_path: Path) -> None:
+    # A script's own "Read timed out" (a web request) is not a transport that waited for a
+    # peer: the ranks the agent then stopped at work are not blamed as hung.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "running-rank-0").touch()
+    error = ChildFailedError(
+        "worker",
+        {
+            0: _failure(tmp_path, 0, None, exitcode=-15),
+            1: _failure(tmp_path, 1, "ReadTimeout: HTTPSConnectionPool: Read timed out."),
+        },
+    )
+    message, _ = describe_failures(error, None, marks=marks)
+    assert "hung" not in message, message
+    assert "worker rank 1 failed: ReadTimeout" in message

@@ -78,3 +78,19 @@ def test_each_resume_keeps_its_own_and_a_new_run_starts_clean(tmp_path: Path) ->
     assert written["lost_workers"] == [] and len(written["lost_before_resume"]) == 2
     set_aside_earlier(tmp_path, resume=False)  # a new run (overwrite): nothing of the old one
     assert not (tmp_path / LOST_DIR).exists()
+
+
+def test_a_finished_run_resumed_keeps_its_loss_listed_once(tmp_path: Path) -> None:
+    # A finished run resumed with nothing left to do keeps its summary, which already lists
+    # rank 2: it was listed a second time, under lost_before_resume, its record path dangling.
+    _lose(tmp_path, 2, -9)
+    (record,) = read_lost_records(tmp_path)
+    entry = {"rank": 2, "lost_at": record["time_iso"], "record": f"{LOST_DIR}/rank-2.json"}
+    (tmp_path / "summary.json").write_text(json.dumps({"lost_workers": [entry]}))
+    set_aside_earlier(tmp_path, resume=True)
+    _record_lost_workers(tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert "lost_before_resume" not in written
+    (kept,) = written["lost_workers"]
+    assert kept["record"].startswith(f"{LOST_DIR}/before-resume-")
+    assert (tmp_path / kept["record"]).is_file()

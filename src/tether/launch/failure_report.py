@@ -21,18 +21,33 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 _PEER_CAUSED = (
     "connection reset by peer",
     "connection closed by peer",
+    "connection refused",
     "closed its connection",
     "the connection to ",
     "broken pipe",
+    "remote process exited",  # NCCL
+    "communicator was aborted",  # NCCL
     "timed out",
     "timeout",
     "sent nothing for",
     "read nothing for",
     "gave up",
-    "killed by sigterm",  # the agent stopping the ranks still running after a failure
+    # the agent stopping the ranks still running after a failure (a rank killed by a SIGTERM
+    # from outside reads the same: it is listed among them)
+    "killed by sigterm",
+)
+# What a rank says when a transport's wait for a peer ran out: gloo's, a store's, NCCL's
+# watchdog, our wire's and our collectives' (not any "timed out", which a user's own code says)
+_WAITED = (
+    "timed out waiting",
+    "wait timeout",
+    "watchdog caught collective operation timeout",
+    "sent nothing for",
+    "read nothing for",
+    "gave up",
 )
 _SOURCE_PATH = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:537] "
-_BOILERPLATE = " This is typically caused by"  # gloo's advice after the reason
+_BOILERPLATE = ". This is typically caused by"  # gloo's advice after the reason
 
 
 def _reason(failure: ProcessFailure) -> str:
@@ -54,7 +69,7 @@ def short_reason(reason: str) -> str:
     """``reason`` without a C++ source path and gloo's advice after it."""
     reason = _SOURCE_PATH.sub("", reason)
     cut = reason.find(_BOILERPLATE)
-    return reason[:cut].rstrip() if cut > 0 else reason
+    return reason[:cut] if cut > 0 else reason
 
 
 def caused_by_a_peer(reason: str) -> bool:
@@ -64,9 +79,9 @@ def caused_by_a_peer(reason: str) -> bool:
 
 
 def _gave_up(reason: str) -> bool:
-    """Whether a failed rank's reason says it waited for a peer until its timeout."""
+    """Whether a failed rank's reason says it waited for a peer until its transport's timeout."""
     text = reason.lower()
-    return "timed out" in text or "timeout" in text or "gave up" in text
+    return any(marker in text for marker in _WAITED)
 
 
 def rank_name(rank: int, servers: int = 0) -> str:
@@ -109,7 +124,11 @@ def describe_failures(
     ``servers`` ranks are named as the parameter server they are, not as workers. Returns the
     message and the failed ranks in rank order."""
     reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
-    waited = any(_gave_up(reason) for reason in reasons.values())
+    # Ranks still at work when the run was stopped stopped answering only if the failed ones
+    # gave up waiting, and none failed on its own (after a kill, the healthy ranks are at work).
+    waited = any(_gave_up(reason) for reason in reasons.values()) and all(
+        caused_by_a_peer(reason) for reason in reasons.values()
+    )
     silent = {
         rank: text
         for rank, text in unanswering_ranks(marks, waited, servers).items()

@@ -41,6 +41,7 @@ from tether.launch.lost import (
     read_lost_records,
     set_aside_earlier,
 )
+from tether.launch.supervise import SCRIPT_STOP_GRACE_S
 from tether.observe.files import atomic_write_json, atomic_write_text
 from tether.observe.timeline import merge_after_run
 
@@ -112,7 +113,8 @@ def launch_local(
         log = run_dir / "failures.log" if run_dir is not None else None
         message, ranks = describe_failures(error, log, marks, servers)
         if tolerant and run_dir is not None:
-            _append(run_dir / "failures.log", failures_text(read_lost_records(run_dir)))
+            lost_records = read_earlier_records(run_dir) + read_lost_records(run_dir)
+            _append(run_dir / "failures.log", failures_text(lost_records))
         raise WorkerFailure(message, ranks) from None
     except SignalException as stop:  # we were told to stop (Ctrl-C, kill): so were the ranks
         raise stopped(stop) from None
@@ -145,12 +147,14 @@ def _launch_supervised(
     elastic_launch(launch, python)(*_supervised(marks, lost if tolerant else None), *worker)
 
 
-def _supervised(marks: Path, lost: Path | None) -> list[str]:
+def _supervised(marks: Path, lost: Path | None, stop_grace_s: float | None = None) -> list[str]:
     """The arguments before a rank's command that run it under the supervisor
     (:mod:`tether.launch.supervise`): ``marks`` for the ranks found stopped or still at work
     when the run was stopped, ``lost`` (a method that carries on) for the lost workers'
-    records."""
+    records, ``stop_grace_s`` how long a rank may take to end once told to stop."""
     arguments = ["-m", "tether.launch.supervise", "--marks-dir", str(marks)]
+    if stop_grace_s is not None:
+        arguments += ["--stop-grace", str(stop_grace_s)]
     return arguments + (["--lost-dir", str(lost)] if lost is not None else []) + ["--"]
 
 
@@ -179,7 +183,8 @@ def launch_script(
     lost = Path(tempfile.mkdtemp(prefix="tether-lost-")) if tolerant else None
     try:
         with loopback.stores_of_a_launch():
-            elastic_launch(launch, python)(*_supervised(marks, lost), python, *command)
+            supervise = _supervised(marks, lost, SCRIPT_STOP_GRACE_S)  # a script may save
+            elastic_launch(launch, python)(*supervise, python, *command)
     except ChildFailedError as error:
         message, ranks = describe_failures(error, None, marks, servers)
         raise WorkerFailure(message, ranks) from None

@@ -76,17 +76,17 @@ def set_aside_earlier(run_dir: Path, resume: bool) -> None:
     for this attempt's. Everything else goes: the earlier server's ``.server-finished`` mark
     would tell this attempt's supervisors that the server is done and theirs to kill."""
     lost = run_dir / LOST_DIR
-    kept: dict[str, bytes] = {}
-    if resume:
-        for path in sorted(lost.glob(f"{EARLIER}*.json")):
-            kept[path.name] = path.read_bytes()
-        for path in sorted(lost.glob("rank-*.json")):
-            kept[f"{EARLIER}{time.time_ns()}-{path.name}"] = path.read_bytes()
-    shutil.rmtree(lost, ignore_errors=True)
-    if kept:
-        lost.mkdir(parents=True)
-        for name, data in kept.items():
-            (lost / name).write_bytes(data)
+    if not resume or not lost.is_dir():
+        shutil.rmtree(lost, ignore_errors=True)
+        return
+    for path in sorted(lost.glob("rank-*.json")):
+        path.rename(lost / f"{EARLIER}{time.time_ns()}-{path.name}")  # atomic: nothing lost
+    for path in lost.iterdir():
+        if not path.name.startswith(EARLIER):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def read_earlier_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -134,12 +134,26 @@ def merge_into_summary(summary: dict[str, Any], records: list[dict[str, Any]]) -
 
 
 def add_earlier_to_summary(summary: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
-    """``lost_before_resume``: the workers lost in the attempts before a resume, how and when."""
+    """``lost_before_resume``: the workers lost in the attempts before a resume, how and when.
+    A loss the summary already lists (a finished run resumed with nothing left to do keeps its
+    summary) stays where it is, its ``record`` pointed at the renamed file."""
     keys = ("rank", "reason", "exit", "time_iso", "record")
-    summary["lost_before_resume"] = [
-        {("lost_at" if key == "time_iso" else key): r[key] for key in keys if key in r}
-        for r in earlier
-    ]
+    listed = {(e.get("rank"), e.get("lost_at")): e for e in summary.get("lost_workers") or []}
+    before = []
+    for record in earlier:
+        entry = listed.get((record.get("rank"), record.get("time_iso")))
+        if entry is not None:
+            entry["record"] = record["record"]
+            continue
+        before.append(
+            {
+                ("lost_at" if key == "time_iso" else key): record[key]
+                for key in keys
+                if key in record
+            }
+        )
+    if before:
+        summary["lost_before_resume"] = before
 
 
 def failures_text(records: list[dict[str, Any]]) -> str:

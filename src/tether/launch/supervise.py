@@ -23,13 +23,15 @@ SIGTERM if the agent dies (Linux), so no worker outlives its launcher.
 Every local run's workers (synchronous methods too) run under it, for the way a run stops: the
 agent's SIGTERM cannot stop a process that is itself stopped (SIGSTOP) or blocked in a
 collective, and the agent then waits 30 s before it kills. The supervisor forwards the signal
-with a SIGCONT, and kills a child still alive ``STOP_GRACE_S`` later. With ``--marks-dir`` it
+with a SIGCONT, and kills a child still alive ``STOP_GRACE_S`` later (a user's script under
+``tether launch``: ``SCRIPT_STOP_GRACE_S``, torch's agent's own, time to save on SIGTERM). With ``--marks-dir`` it
 also records a child that was stopped or still running when the run was stopped
 (``stopped-rank-R``, ``running-rank-R``): the launcher names those ranks, the ones that stopped
 answering, before the ranks that gave up waiting for them.
 
 Standard library only, no torch: it must start fast and stay small.
-    python -m tether.launch.supervise [--lost-dir DIR] [--marks-dir DIR] -- COMMAND [ARGS...]
+    python -m tether.launch.supervise [--lost-dir DIR] [--marks-dir DIR] [--stop-grace S]
+        -- COMMAND [ARGS...]
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
 GRACE_S = 5.0  # how long a worker may outlive a finished server before it is killed
 STOP_GRACE_S = 3.0  # how long a child may take to end after a forwarded stop signal
+# a user's script (tether launch) gets what torch's agent gives (it may save on SIGTERM)
+SCRIPT_STOP_GRACE_S = 30.0
 # how long a server may run on once every worker is lost (it then ends the run itself, failed,
 # after writing what it has; still running later, it is hung)
 SERVER_GRACE_S = 30.0
@@ -119,8 +123,10 @@ class Supervisor:
         rank: int,
         marks_dir: Path | None = None,
         world_size: int = 1,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.command = command
+        self.stop_grace_s = stop_grace_s
         self.lost_dir = lost_dir
         self.marks_dir = marks_dir
         self.rank = rank
@@ -153,7 +159,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(signal.SIGCONT)
             if self.stop_deadline is None:
-                self.stop_deadline = time.monotonic() + STOP_GRACE_S
+                self.stop_deadline = time.monotonic() + self.stop_grace_s
 
     def _mark(self, pid: int) -> None:
         """Record that the child was still at work, or stopped, when the run was stopped."""
@@ -285,13 +291,21 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="record here a child stopped or still running when the run is stopped",
     )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=STOP_GRACE_S,
+        help="seconds a child may take to end after a forwarded stop signal",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to supervise")
     env = DistEnv.read()
-    return Supervisor(command, args.lost_dir, env.rank, args.marks_dir, env.world_size).run()
+    return Supervisor(
+        command, args.lost_dir, env.rank, args.marks_dir, env.world_size, args.stop_grace
+    ).run()
 
 
 if __name__ == "__main__":

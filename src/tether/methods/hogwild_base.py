@@ -61,12 +61,13 @@ class Stillness:
     """Which workers' step counts have not moved for ``timeout_s`` (measured from when the
     watch first saw each count)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
+        self.clock = clock
         self._since: dict[int, tuple[int, float]] = {}
 
     def check(self, steps: dict[int, int], active: list[int]) -> dict[int, str]:
-        now = time.monotonic()
+        now = self.clock()
         still = {}
         for rank in active:
             step = steps[rank]
@@ -82,12 +83,13 @@ class ServerPulse:
     """A worker's watch on the server's pulse: the reason to give the server up once the pulse
     has not moved for ``timeout_s`` (measured from when the watch first saw it)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
+        self.clock = clock
         self._seen: tuple[int, float] | None = None
 
     def check(self, pulse: int) -> str:
-        now = time.monotonic()
+        now = self.clock()
         if self._seen is None or self._seen[0] != pulse:
             self._seen = (pulse, now)
             return ""

@@ -9,6 +9,7 @@ recomputed from training data first (:mod:`tether.training.norm_stats`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -70,6 +71,18 @@ class Scoring:
         if not self.has_data or (self.on_server and self.method.role() is not Role.SERVER):
             return
         self.evaluator.fix_metrics(self.method.model, next(self._batches(0, 1, 1)))
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around a server's long step outside an evaluation (a checkpoint's save): the workers
+        that wait for it, or watch its pulse, hear from it before and after."""
+        if self.waiting is not None:
+            self.waiting.keep_waiting()
+        try:
+            yield
+        finally:
+            if self.waiting is not None:
+                self.waiting.keep_waiting()
 
     def score(self) -> Mapping[str, float]:
         """The loss and metrics of the model the method evaluates (empty without data)."""

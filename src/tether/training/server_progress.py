@@ -37,9 +37,10 @@ def next_multiple(step: int, every: int) -> int:
 
 
 class WaitingWorkers:
-    """The workers waiting for a server's replies while it evaluates: before each batch of an
-    evaluation (:meth:`tick`), ``keep_waiting`` tells them it is busy (``ServerEndpoint.
-    keep_waiting``), so that an evaluation longer than --timeout loses no worker. Between
+    """The workers waiting for a server's replies, or watching its pulse (Hogwild), while it
+    evaluates: before each batch (:meth:`tick`), ``keep_waiting`` (the method's) tells them it
+    is busy, so that an evaluation longer than --timeout loses no
+    worker. Between
     batches only: a batch that takes near --timeout (a slow dataset, a huge eval batch) could
     still lose them, which is said once."""
 
@@ -63,9 +64,9 @@ class WaitingWorkers:
             self._said = True
             print(
                 f"tether: warning: an evaluation batch took {self.longest_s:.1f} s, near "
-                f"--timeout {self.timeout_s:g} s: the workers waiting for the server's replies "
-                "hear from it between batches only, and one that waits --timeout gives the "
-                "server up; raise --timeout, or evaluate in smaller batches (--set "
+                f"--timeout {self.timeout_s:g} s: the server's workers hear from it between "
+                "batches only, and one that hears nothing for --timeout gives the server up; "
+                "raise --timeout, or evaluate in smaller batches (--set "
                 "eval_batch_size=N; tether.fit's eval_batch_size=N)",
                 file=sys.stderr,
                 flush=True,

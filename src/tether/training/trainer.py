@@ -371,7 +371,7 @@ class Trainer:
         return full_state_dict(model) if self.grid is not None else model.state_dict()
 
     def _checkpoint(self, step: int) -> None:
-        with self.timeline.span("checkpoint", "checkpoint", step=step):
+        with self.timeline.span("checkpoint", "checkpoint", step=step), self.scoring.busy():
             self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
 
     def _write_results(
