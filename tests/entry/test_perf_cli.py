@@ -70,6 +70,7 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
     _png(out / "staleness.png")
 
 
+@pytest.mark.slow  # 35-50 s on 2 cores: every measurement of a calibration, for real
 def test_calibrate_then_predict_with_the_timed_layers(capsys, tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     argv = ["calibrate", "--model", "mlp", "--dataset", "digits", "--batch-size", "32"]
