@@ -253,11 +253,11 @@ class ServerEndpoint:
             self._mark_lost(WorkerLost(rank, reason))
         now = time.monotonic()
         for rank in self.state.active:
-            replied = self.lines.last_completed(rank)
-            if replied is None or self._heard.get(rank, -1.0) >= replied:
+            reply = self.lines.last_completed(rank)  # heard after its post: an answer to it
+            if reply is None or self._heard.get(rank, -1.0) >= reply[0]:
                 continue  # a reply is in flight, or we owe it one: it is waiting for us
-            if now - replied > silence:
-                reason = f"sent nothing for {now - replied:.0f} s after the server's reply (hung?)"
+            if now - reply[1] > silence:
+                reason = f"sent nothing for {now - reply[1]:.0f} s after the server's reply (hung?)"
                 self._mark_lost(WorkerLost(rank, reason))
 
     def poll(self, timeout: float) -> list[Message]:

@@ -41,7 +41,7 @@ class ReplyLine:
         self._on_failure = on_failure
         self._thread = CommThread(name=f"tether-reply-{rank}")
         self._pending: tuple[float, Future] | None = None  # (posted at, its wait)
-        self.last_completed: float | None = None
+        self.last_completed: tuple[float, float] | None = None  # (posted at, written at)
 
     def post(self, send: Any, posted: float, tracked: bool = True) -> None:
         """Have this line's thread write ``send``, after what was posted before. An untracked
@@ -54,7 +54,7 @@ class ReplyLine:
             except Exception as exc:  # the peer's connection closed: the worker died
                 self._on_failure(self.rank, str(exc).splitlines()[0][:200] if str(exc) else "")
             if tracked:
-                self.last_completed = time.monotonic()
+                self.last_completed = (posted, time.monotonic())
 
         future = self._thread.submit(wait)
         if tracked:
@@ -103,7 +103,9 @@ class ReplyLines:
         late = {rank: line.overdue_s(now) for rank, line in self.lines.items()}
         return {rank: waited for rank, waited in late.items() if waited > limit_s}
 
-    def last_completed(self, rank: int) -> float | None:
+    def last_completed(self, rank: int) -> tuple[float, float] | None:
+        """When the last reply to ``rank`` was posted, and when its writing ended (the worker
+        read it): this line's thread notes the latter, possibly after the worker answered."""
         return self.lines[rank].last_completed
 
     def drain(self, ranks: list[int], timeout_s: float) -> list[int]:
