@@ -44,6 +44,16 @@ def _run(command: list[str], timeout: float = 240, cwd: Path = ROOT) -> subproce
     )
 
 
+def _launch(
+    tmp_path: Path, text: str, workers: int, method: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """``tether launch --workers N --method M script.py ARGS`` of a script with ``text``."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    command = [sys.executable, "-m", "tether", "launch", "--workers", str(workers)]
+    return _run([*command, "--method", method, str(script), *args], timeout=timeout)
+
+
 def _records(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
@@ -345,20 +355,7 @@ ctx.finish()
 def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
     tmp_path: Path,
 ) -> None:
-    script = tmp_path / "losing.py"
-    script.write_text(LOSING_SCRIPT)
-    command = [
-        sys.executable,
-        "-m",
-        "tether",
-        "launch",
-        "--workers",
-        "2",
-        "--method",
-        "async-easgd",
-        str(script),
-    ]
-    result = _run(command, timeout=120)
+    result = _launch(tmp_path, LOSING_SCRIPT, 2, "async-easgd")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "worker rank 1 finished" in result.stdout
     assert "worker rank 2 finished" not in result.stdout
@@ -396,11 +393,8 @@ def test_tether_launch_ends_a_synchronous_run_whose_rank_stopped_and_names_it(
 ) -> None:
     # Before, tether launch ran a synchronous method's ranks without the supervisor: a stopped
     # rank ended the run only after the timeout and the agent's 30 s, and was not named.
-    script = tmp_path / "stopping.py"
-    script.write_text(STOPPING_SCRIPT)
     mark = tmp_path / "stopped_at"
-    command = [sys.executable, "-m", "tether", "launch", "--workers", "2", "--method", "sync-sgd"]
-    result = _run([*command, str(script), str(mark)], timeout=120)
+    result = _launch(tmp_path, STOPPING_SCRIPT, 2, "sync-sgd", str(mark))
     ended = time.time()
     assert result.returncode == 1, result.stderr[-3000:]
     error = result.stderr.strip().splitlines()[-1]
@@ -428,11 +422,8 @@ def test_a_worker_that_fails_before_joining_fails_an_asynchronous_run_at_once(
     # Before, the supervisor tolerated its loss as any other: the others waited out the
     # rendezvous (60 s), were all recorded lost, and the server failed last, blaming a store
     # timeout.
-    script = tmp_path / "early_failing.py"
-    script.write_text(EARLY_FAILING_SCRIPT)
-    command = [sys.executable, "-m", "tether", "launch", "--workers", "3", "--method", "async-sgd"]
     started = time.time()
-    result = _run([*command, str(script)], timeout=120)
+    result = _launch(tmp_path, EARLY_FAILING_SCRIPT, 3, "async-sgd")
     took = time.time() - started
     assert result.returncode == 1, result.stderr[-3000:]
     assert "worker rank 2 failed before it joined the run" in result.stderr, result.stderr
@@ -467,10 +458,7 @@ def test_a_hogwild_run_whose_server_hangs_ends_naming_it(tmp_path: Path) -> None
     # Hogwild workers never wait for the server: before, they trained on and finished, and the
     # run waited for the hung server for ever. Now they give it up when its pulse on the board
     # stands still for the timeout, and the server, alone, is ended by its supervisor.
-    script = tmp_path / "hanging_server.py"
-    script.write_text(HANGING_SERVER_SCRIPT)
-    command = [sys.executable, "-m", "tether", "launch", "--workers", "3"]
-    result = _run([*command, "--method", "hogwild-sgd", str(script)], timeout=150)
+    result = _launch(tmp_path, HANGING_SERVER_SCRIPT, 3, "hogwild-sgd", timeout=150)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "pulse stood still" in result.stderr, result.stderr[-3000:]
     assert "finished" not in result.stdout  # they gave the server up long before their end
@@ -508,11 +496,8 @@ for step in range(100000):
 def test_tether_launch_gives_a_script_the_agents_time_to_save_on_sigterm(tmp_path: Path) -> None:
     # Under the supervisor a rank told to stop was killed 3 s later (tether train's workers
     # need no more); a user's script saving on SIGTERM, as under torchrun, gets torch's 30 s.
-    script = tmp_path / "saving.py"
-    script.write_text(SAVING_SCRIPT)
     saved = tmp_path / "saved"
-    command = [sys.executable, "-m", "tether", "launch", "--workers", "2", "--method", "sync-sgd"]
-    result = _run([*command, str(script), str(saved)], timeout=120)
+    result = _launch(tmp_path, SAVING_SCRIPT, 2, "sync-sgd", str(saved))
     assert result.returncode == 1, result.stderr[-3000:]
     assert "worker rank 1 failed: RuntimeError: this rank fails" in result.stderr
     assert saved.read_text() == "saved"
@@ -535,10 +520,7 @@ def test_tether_launch_names_a_failed_server_and_its_reason(tmp_path: Path) -> N
     # Before: "worker rank 0 failed: exited with code 1": the server called a worker, and its
     # error ("the server rank trains on no data", which did not say what to do) only in the
     # traceback above.
-    script = tmp_path / "early.py"
-    script.write_text(EARLY_SAMPLER_SCRIPT)
-    command = [sys.executable, "-m", "tether", "launch", "--workers", "1"]
-    result = _run([*command, "--method", "async-sgd", str(script)], timeout=120)
+    result = _launch(tmp_path, EARLY_SAMPLER_SCRIPT, 1, "async-sgd")
     assert result.returncode == 1, result.stderr[-3000:]
     summary = result.stderr.strip().splitlines()[-1]
     assert summary.startswith(
