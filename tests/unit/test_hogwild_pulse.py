@@ -18,6 +18,9 @@ class Clock:
 def test_a_worker_gives_up_a_server_whose_pulse_stands_still() -> None:
     clock = Clock()
     pulse = ServerPulse(timeout_s=5.0, clock=clock)
+    assert pulse.check(0) == ""
+    clock.now += 60
+    assert pulse.check(0) == ""  # a server still starting: the watch waits for its first beat
     assert pulse.check(1) == ""  # first seen
     clock.now += 3
     assert pulse.check(2) == ""  # moved: the watch starts again

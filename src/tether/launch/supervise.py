@@ -24,10 +24,10 @@ Every local run's workers (synchronous methods too) run under it, for the way a 
 agent's SIGTERM cannot stop a process that is itself stopped (SIGSTOP) or blocked in a
 collective, and the agent then waits 30 s before it kills. The supervisor forwards the signal
 with a SIGCONT, and kills a child still alive ``STOP_GRACE_S`` later (a user's script under
-``tether launch``: ``SCRIPT_STOP_GRACE_S``, torch's agent's own, time to save on SIGTERM). With ``--marks-dir`` it
-also records a child that was stopped or still running when the run was stopped
-(``stopped-rank-R``, ``running-rank-R``): the launcher names those ranks, the ones that stopped
-answering, before the ranks that gave up waiting for them.
+``tether launch``: ``SCRIPT_STOP_GRACE_S``, torch's agent's own, time to save on SIGTERM).
+With ``--marks-dir`` it also records a child that was stopped or still running when the run
+was stopped (``stopped-rank-R``, ``running-rank-R``): the launcher names those ranks, the ones
+that stopped answering, before the ranks that gave up waiting for them.
 
 Standard library only, no torch: it must start fast and stay small.
     python -m tether.launch.supervise [--lost-dir DIR] [--marks-dir DIR] [--stop-grace S]

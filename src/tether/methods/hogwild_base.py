@@ -81,7 +81,9 @@ class Stillness:
 
 class ServerPulse:
     """A worker's watch on the server's pulse: the reason to give the server up once the pulse
-    has not moved for ``timeout_s`` (measured from when the watch first saw it)."""
+    has not moved for ``timeout_s`` (measured from when the watch first saw it). The board
+    starts at 0 and the server beats first in its watch: until then it is starting (its run
+    directory, TensorBoard's writer), and the watch waits for that first beat."""
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
@@ -90,7 +92,7 @@ class ServerPulse:
 
     def check(self, pulse: int) -> str:
         now = self.clock()
-        if self._seen is None or self._seen[0] != pulse:
+        if pulse == 0 or self._seen is None or self._seen[0] != pulse:
             self._seen = (pulse, now)
             return ""
         if now - self._seen[1] > self.timeout_s:
