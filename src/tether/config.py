@@ -192,6 +192,14 @@ class TrainConfig:
     def global_batch_size(self) -> int:
         return self.batch_size * self.data_workers
 
+    def on_nodes_of(self, local_world_size: int) -> TrainConfig:
+        """This config with an unset ``ranks_per_node`` ("the launcher's") taken from the
+        launcher's node size where it sets the rate (``lr_batch`` "node"): across nodes under
+        torchrun the node's batch is its ranks', not every worker's."""
+        if self.lr_batch != "node" or self.ranks_per_node or local_world_size <= 0:
+            return self
+        return dataclasses.replace(self, ranks_per_node=local_world_size)
+
     @property
     def update_batch(self) -> int:
         """The samples one optimizer update averages over, as ``lr_batch`` counts them:

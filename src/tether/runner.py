@@ -55,6 +55,7 @@ def run_worker(config_toml: str, task_file: str | None = None) -> None:
         config.pin_workers,
         gpu_free_ranks(config.method),
     )
+    config = config.on_nodes_of(setup.env.local_world_size)  # the node's batch sets the rate
     task: Task = read_task(Path(task_file)) if task_file else task_from_config(config)
     runtime = WorkerRuntime(
         TorchTransport(), setup.device, placement_of(setup.env, setup.partition)

@@ -454,3 +454,20 @@ def test_fit_gives_loader_workers_to_the_loader(
                 loader_workers=2, loader_options=given, out=str(tmp_path / str(given)),
             )  # fmt: skip
         assert seen["options"] == options
+
+
+def test_a_two_level_rate_takes_the_launchers_node_size() -> None:
+    # Under torchrun across 2 nodes of 2 ranks, ranks_per_node unset ("the launcher's") made
+    # the rate count every worker's batch as one node's: lr 0.1 against 0.05 on one machine
+    # with --ranks-per-node 2, and the two runs, meant to be one computation, differed.
+    config = dataclasses.replace(
+        TrainConfig(), method="two-level-easgd", workers=4, lr=0.1, lr_base_batch=256,
+        lr_batch="node", lr_scaling="linear-capped", lr_scale_max=2.0, batch_size=64,
+    )  # fmt: skip
+    assert config.on_nodes_of(2).ranks_per_node == 2
+    assert config.on_nodes_of(2).scaled_lr == pytest.approx(0.05)  # 2 x 64 of 256
+    assert config.scaled_lr == pytest.approx(0.1)  # unresolved: every worker's batch
+    given = dataclasses.replace(config, ranks_per_node=4)
+    assert given.on_nodes_of(2) is given  # a node size given is kept
+    global_rate = dataclasses.replace(config, lr_batch="global")
+    assert global_rate.on_nodes_of(2) is global_rate  # only a node's rate needs it

@@ -85,6 +85,9 @@ def init(method: str | None = None, **options: Any) -> Context:
             "pass the model and optimizer to ctx.wrap"
         )
     config, own_optimizer = init_configs(method, env.world_size - servers, options)
+    # the node's batch sets a two-level rate: the launcher's node size where none is given
+    config = config.on_nodes_of(env.local_world_size)
+    own_optimizer = own_optimizer.on_nodes_of(env.local_world_size)
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)
     if env.rank == 0:
