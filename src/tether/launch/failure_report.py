@@ -17,8 +17,21 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from tether.launch.lost import describe_exit
+
+# What a rank says when a transport's wait for a peer ran out: gloo's, a store's, NCCL's
+# watchdog, our wire's and our collectives' (not any "timed out", which a user's own code says)
+_WAITED = (
+    "timed out waiting",
+    "wait timeout",
+    "watchdog caught collective operation timeout",
+    "sent nothing for",
+    "read nothing for",
+    "gave up",
+)
 # What a rank says when it failed because a peer did: it lost the connection or waited in vain.
 _PEER_CAUSED = (
+    *_WAITED,
     "connection reset by peer",
     "connection closed by peer",
     "connection refused",
@@ -29,22 +42,9 @@ _PEER_CAUSED = (
     "communicator was aborted",  # NCCL
     "timed out",
     "timeout",
-    "sent nothing for",
-    "read nothing for",
-    "gave up",
     # the agent stopping the ranks still running after a failure (a rank killed by a SIGTERM
     # from outside reads the same: it is listed among them)
     "killed by sigterm",
-)
-# What a rank says when a transport's wait for a peer ran out: gloo's, a store's, NCCL's
-# watchdog, our wire's and our collectives' (not any "timed out", which a user's own code says)
-_WAITED = (
-    "timed out waiting",
-    "wait timeout",
-    "watchdog caught collective operation timeout",
-    "sent nothing for",
-    "read nothing for",
-    "gave up",
 )
 _SOURCE_PATH = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:537] "
 _BOILERPLATE = ". This is typically caused by"  # gloo's advice after the reason
@@ -60,9 +60,9 @@ def _reason(failure: ProcessFailure) -> str:
     # (a process can abort while shutting down after the error).
     if lines and not lines[0].startswith(("To enable traceback", "Signal")):
         return short_reason(lines[0])
-    if failure.exitcode is not None and failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}"
-    return f"exited with code {failure.exitcode}"
+    if failure.exitcode is None:
+        return "exited with code None"
+    return describe_exit(failure.exitcode)
 
 
 def short_reason(reason: str) -> str:
@@ -124,11 +124,10 @@ def describe_failures(
     ``servers`` ranks are named as the parameter server they are, not as workers. Returns the
     message and the failed ranks in rank order."""
     reasons = {rank: _reason(failure) for rank, failure in error.failures.items()}
+    by_peer = {rank: caused_by_a_peer(reason) for rank, reason in reasons.items()}
     # Ranks still at work when the run was stopped stopped answering only if the failed ones
     # gave up waiting, and none failed on its own (after a kill, the healthy ranks are at work).
-    waited = any(_gave_up(reason) for reason in reasons.values()) and all(
-        caused_by_a_peer(reason) for reason in reasons.values()
-    )
+    waited = any(_gave_up(reason) for reason in reasons.values()) and all(by_peer.values())
     silent = {
         rank: text
         for rank, text in unanswering_ranks(marks, waited, servers).items()
@@ -144,7 +143,7 @@ def describe_failures(
         name = rank_name(rank, servers)
         if rank not in silent:
             line = f"{name} failed: {reasons[rank]}"
-            (consequences if caused_by_a_peer(reasons[rank]) else own).append(line)
+            (consequences if by_peer[rank] else own).append(line)
         details.append(f"== {name} ==\n{_traceback(failure) or reasons[rank]}\n")
     lines = [text for _, text in sorted(silent.items())] + own + consequences
     message = "; ".join(lines)

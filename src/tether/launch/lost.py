@@ -59,14 +59,21 @@ def write_lost_record(lost_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def read_lost_records(run_dir: Path) -> list[dict[str, Any]]:
+def _read_records(run_dir: Path, pattern: str) -> list[dict[str, Any]]:
+    """The records in ``lost/`` named by ``pattern``, each with the path it was read from
+    (``record``, relative to the run directory); a torn or foreign file is skipped."""
     records = []
-    for path in sorted((run_dir / LOST_DIR).glob("rank-*.json")):
+    for path in sorted((run_dir / LOST_DIR).glob(pattern)):
         try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            records.append({**json.loads(path.read_text()), "record": f"{LOST_DIR}/{path.name}"})
+        except (OSError, ValueError, TypeError):
             continue
-    return sorted(records, key=lambda r: int(r.get("rank", -1)))
+    return records
+
+
+def read_lost_records(run_dir: Path) -> list[dict[str, Any]]:
+    """This attempt's records, by rank."""
+    return sorted(_read_records(run_dir, "rank-*.json"), key=lambda r: int(r.get("rank", -1)))
 
 
 def set_aside_earlier(run_dir: Path, resume: bool) -> None:
@@ -91,13 +98,7 @@ def set_aside_earlier(run_dir: Path, resume: bool) -> None:
 
 def read_earlier_records(run_dir: Path) -> list[dict[str, Any]]:
     """The records set aside by :func:`set_aside_earlier`, in the order they were lost."""
-    records = []
-    for path in (run_dir / LOST_DIR).glob(f"{EARLIER}*.json"):
-        try:
-            record = json.loads(path.read_text())
-            records.append({**record, "record": f"{LOST_DIR}/{path.name}"})
-        except (OSError, ValueError, TypeError):
-            continue
+    records = _read_records(run_dir, f"{EARLIER}*.json")
     return sorted(records, key=lambda r: (float(r.get("time", 0)), int(r.get("rank", -1))))
 
 
@@ -128,7 +129,7 @@ def merge_into_summary(summary: dict[str, Any], records: list[dict[str, Any]]) -
             reason=entry["server_reason"] if keep_server else record["reason"],
             exit=record["exit"] if not record.get("overstayed") else record["reason"],
             lost_at=record["time_iso"],
-            record=f"{LOST_DIR}/rank-{rank}.json",
+            record=record["record"],
         )
     summary["lost_workers"] = [entries[rank] for rank in sorted(entries)]
 

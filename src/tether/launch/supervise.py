@@ -194,30 +194,38 @@ class Supervisor:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
                 (self.lost_dir / SERVER_FINISHED).touch()
             return 0
-        joined = overstayed or (self.tolerated and self._joined_mark.exists())
-        if self.stop_signal is None and self.tolerated and not joined:
+        if self.stop_signal is None and self.tolerated:
+            return self._lost(returncode, overstayed)
+        return self._pass_on(returncode)
+
+    def _lost(self, returncode: int, overstayed: str) -> int:
+        """A tolerated worker failed: recorded as lost (exit 0, the run carries on) once it had
+        joined the run (or we killed it for outliving the server); before, passed on."""
+        assert self.lost_dir is not None
+        if not overstayed and not self._joined_mark.exists():
             print(
                 f"tether: worker rank {self.rank} failed before it joined the run, which cannot "
                 "form without it; the run fails",
                 file=sys.stderr,
                 flush=True,
             )
-        elif self.stop_signal is None and self.tolerated:
-            assert self.lost_dir is not None
-            error = read_error_file(elastic_error_file())
-            record = lost_record(self.rank, returncode, error)
-            if overstayed:
-                record["overstayed"] = True
-                record["reason"] = f"killed: {overstayed}"
-            path = write_lost_record(self.lost_dir, record)
-            after = "" if overstayed else "; the run carries on without it"
-            print(
-                f"tether: worker rank {self.rank} lost ({record['reason']}){after} "
-                f"(details in {path})",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 0
+            return self._pass_on(returncode)
+        error = read_error_file(elastic_error_file())
+        record = lost_record(self.rank, returncode, error)
+        if overstayed:
+            record["overstayed"] = True
+            record["reason"] = f"killed: {overstayed}"
+        path = write_lost_record(self.lost_dir, record)
+        after = "" if overstayed else "; the run carries on without it"
+        print(
+            f"tether: worker rank {self.rank} lost ({record['reason']}){after} (details in {path})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
+
+    def _pass_on(self, returncode: int) -> int:
+        """End as the child ended, for the agent to report."""
         if returncode < 0:
             # Die the way the child died, so the agent reports "killed by SIGKILL", not 137.
             with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
