@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import tether
+from tether.errors import WorkerFailure
 
 TIMEOUT_S = 3.0
 DELAY_S = 0.1  # per evaluation sample: 48 samples take 4.8 s, past the timeout
@@ -100,3 +101,40 @@ def test_round_robin_takes_in_a_large_message_while_it_evaluates(tmp_path: Path)
     summary = _fit_evaluating_slowly(Big, "original-easgd", 12, tmp_path)
     assert summary["lost_workers"] == []
     assert summary["steps"] == 12
+
+
+class StuckEval(SlowEval):
+    """An evaluation set whose reads past the first sample (which the server reads at its
+    start, to choose the metrics) never return: a stuck mount, a deadlocked loader."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i > 0:
+            time.sleep(10**6)
+        return self.x[i], self.y[i]
+
+
+def test_a_server_hung_after_its_workers_finished_is_ended_naming_it(tmp_path: Path) -> None:
+    """Every worker finished, the server hung in its final evaluation, and nobody watched it:
+    the run waited for it for ever. Its supervisor now gives it up once its pulse has stood
+    still for --timeout after the last worker finished, and the run fails naming it."""
+    started = time.monotonic()
+    with pytest.raises(WorkerFailure) as failure:
+        tether.fit(
+            model=net,
+            train_data=_train_data(),
+            eval_data=StuckEval(),  # read only at the end: no evaluation before the last step
+            loss=nn.CrossEntropyLoss(),
+            method="async-sgd",
+            workers=2,
+            steps=10,
+            batch_size=16,
+            eval_every=1000,
+            timeout_s=TIMEOUT_S,
+            out=tmp_path / "run",
+            progress=False,
+        )
+    message = str(failure.value)
+    assert message.startswith("server rank 0"), message
+    assert "after every worker had finished" in message, message
+    assert time.monotonic() - started < 40  # start-up, 10 steps, then --timeout 3 s
+    assert failure.value.ranks == [0]

@@ -238,3 +238,47 @@ def test_supervisor_kills_a_worker_the_finished_server_gave_up_at_once(tmp_path:
     assert record["reason"] == "killed: given up by the server, still running when it finished"
     assert record["overstayed"] and record["exit"] == "killed by SIGKILL"
     assert took < GRACE_S - 1, took
+
+
+# The server's side of its pulse (tether.observe.pulse_mark): started with a 1 s timeout, beats
+# for `beats` x 0.3 s (longer than the timeout), then hangs or ends.
+PULSING_SERVER = (
+    "import sys, time; from tether.observe.pulse_mark import beat, start_pulse; start_pulse(1)\n"
+    "for _ in range({beats}): time.sleep(0.3); beat()\n"
+    "time.sleep(60) if sys.argv[1] == 'hang' else None"
+)
+
+
+@pytest.mark.parametrize("ending", ["hang", "end"])
+def test_the_server_is_watched_by_its_pulse_once_every_worker_finished(
+    tmp_path: Path, ending: str
+) -> None:
+    # Before, a server hung once its workers had finished (in its final evaluation, its save)
+    # kept the run waiting for ever; one that keeps beating past its timeout is at work.
+    lost, marks = tmp_path / "lost", tmp_path / "marks"
+    lost.mkdir()
+    (lost / ".finished-rank-1").touch()
+    (lost / "rank-2.json").write_text(json.dumps({"rank": 2}))  # one finished, one lost
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "3"}
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--lost-dir", str(lost)]
+    cmd += ["--marks-dir", str(marks), "--", sys.executable, "-c"]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*cmd, PULSING_SERVER.format(beats=8), ending], env=env, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    if ending == "end":
+        assert proc.returncode == 0, proc.stderr
+        assert not marks.exists()
+        return
+    assert proc.returncode == 1 and took < 10, (proc.returncode, took)
+    why = (marks / "given-up-rank-0").read_text()
+    assert why.startswith("stopped answering after every worker had finished"), why
+    assert "(--timeout 1 s)" in why and why in proc.stderr
+
+
+def test_the_supervisor_starts_without_torch() -> None:
+    # It runs every rank: importing torch there would cost each rank seconds before its child
+    code = "import sys, tether.launch.supervise; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from tether.launch.lost import describe_exit
+from tether.launch.lost import GIVEN_UP_MARK, describe_exit
 
 # What a rank says when a transport's wait for a peer ran out: gloo's, a store's, NCCL's
 # watchdog, our wire's and our collectives' (not any "timed out", which a user's own code says)
@@ -106,6 +106,18 @@ def unanswering_ranks(marks: Path | None, waited: bool, servers: int = 0) -> dic
     return said
 
 
+def given_up_ranks(marks: Path | None, servers: int = 0) -> dict[int, str]:
+    """The ranks their supervisors killed for hanging, each with the supervisor's reason."""
+    said: dict[int, str] = {}
+    for path in marks.glob(f"{GIVEN_UP_MARK}*") if marks is not None else ():
+        try:
+            rank = int(path.name.rsplit("-", 1)[1])
+            said[rank] = f"{rank_name(rank, servers)} {path.read_text().strip()}"
+        except (OSError, ValueError):
+            continue
+    return said
+
+
 def _traceback(failure: ProcessFailure) -> str:
     data = failure.error_file_data or {}
     info = data.get("message", {})
@@ -134,6 +146,7 @@ def describe_failures(
         # A rank that recorded its own error was at work on its way out, not silent.
         if rank not in reasons or reasons[rank].startswith("killed by")
     }
+    silent.update(given_up_ranks(marks, servers))  # what their supervisors killed them for
     own: list[str] = []
     consequences: list[str] = []
     details: list[str] = []

@@ -26,6 +26,9 @@ EARLIER = "before-resume-"  # prefix of an earlier attempt's record, kept by a r
 # Written by the server's supervisor when the server exits 0: workers still running after that
 # are of no more use to the run.
 SERVER_FINISHED = ".server-finished"
+# In the launcher's marks directory: a rank its supervisor killed for hanging (the server, once
+# its workers are gone), holding why, for the failure's report to say first.
+GIVEN_UP_MARK = "given-up-rank-"
 
 
 def describe_exit(returncode: int) -> str:

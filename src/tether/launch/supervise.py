@@ -13,7 +13,10 @@ TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
 A server still running once every worker is recorded lost (stopped, or hung ``SERVER_GRACE_S``
 later: a healthy one ends the run itself) is killed and the run fails naming it: nothing else
-would end it. When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
+would end it. So is a server whose pulse (:mod:`tether.observe.pulse_mark`) stands still for its
+``--timeout`` once every worker is done, at least one finished (a worker's supervisor leaves a
+mark in LOST_DIR when it exits 0): nobody else watches it then, in its final evaluation and save.
+When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
 ``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
 does not wait for it forever. A worker the server's ``summary.json`` names as given up is killed
 at once: it is hung or stopped, and the run would only wait for it. Stop signals from the agent
@@ -51,12 +54,14 @@ from types import FrameType
 from tether.launch.env import DistEnv, elastic_error_file
 from tether.launch.error_file import read_error_file
 from tether.launch.lost import (
+    GIVEN_UP_MARK,
     SERVER_FINISHED,
     given_up_by_server,
     lost_record,
     write_lost_record,
 )
 from tether.observe.joined import JOINED_MARK_ENV
+from tether.observe.pulse_mark import PULSE_MARK_ENV, read_pulse
 
 SERVER_RANK = 0
 POLL_S = 0.5  # how often a tolerated worker's supervisor checks whether the server finished
@@ -67,6 +72,8 @@ SCRIPT_STOP_GRACE_S = 30.0
 # how long a server may run on once every worker is lost (it then ends the run itself, failed,
 # after writing what it has; still running later, it is hung)
 SERVER_GRACE_S = 30.0
+FINISHED_MARK = ".finished-rank-"  # + R: a tolerated worker's supervisor, its child exited 0
+SERVER_PULSE = ".server-pulse"  # the server's pulse (tether.observe.pulse_mark)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -134,11 +141,16 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self._workers_done_at: float | None = None  # when the server's supervisor saw it
 
     @property
     def tolerated(self) -> bool:
         """Whether this slot's worker may be lost without ending the run."""
         return self.lost_dir is not None and self.rank != SERVER_RANK
+
+    @property
+    def _finished_mark(self) -> str:
+        return f"{FINISHED_MARK}{self.rank}"
 
     @property
     def _joined_mark(self) -> Path:
@@ -170,6 +182,14 @@ class Supervisor:
             self.marks_dir.mkdir(parents=True, exist_ok=True)
             (self.marks_dir / f"{state}-rank-{self.rank}").touch()
 
+    def _mark_given_up(self, why: str) -> None:
+        """Record why we killed the child, for the launcher's report to say first."""
+        if self.marks_dir is None:
+            return
+        with contextlib.suppress(OSError):
+            self.marks_dir.mkdir(parents=True, exist_ok=True)
+            (self.marks_dir / f"{GIVEN_UP_MARK}{self.rank}").write_text(why)
+
     def run(self) -> int:
         for sig in FORWARDED:
             signal.signal(sig, self._forward)
@@ -183,6 +203,9 @@ class Supervisor:
             assert self.lost_dir is not None
             self.lost_dir.mkdir(parents=True, exist_ok=True)
             env[JOINED_MARK_ENV] = str(self._joined_mark)
+        elif self.lost_dir is not None and self.rank == SERVER_RANK:
+            self.lost_dir.mkdir(parents=True, exist_ok=True)
+            env[PULSE_MARK_ENV] = str(self.lost_dir / SERVER_PULSE)
         self.child = subprocess.Popen(
             self.command, env=env, preexec_fn=_die_with_parent(), process_group=0
         )
@@ -190,9 +213,10 @@ class Supervisor:
             self.child.send_signal(self.stop_signal)
         returncode, overstayed = self._wait(self.child)
         if returncode == 0:
-            if self.lost_dir is not None and self.rank == SERVER_RANK:
+            if self.lost_dir is not None:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
-                (self.lost_dir / SERVER_FINISHED).touch()
+                finished = SERVER_FINISHED if self.rank == SERVER_RANK else self._finished_mark
+                (self.lost_dir / finished).touch()
             return 0
         if self.stop_signal is None and self.tolerated:
             return self._lost(returncode, overstayed)
@@ -253,6 +277,32 @@ class Supervisor:
             )
         return ""
 
+    def _hung_at_the_end(self, pid: int) -> str:
+        """Why the server is to be killed, or "": every worker is done (finished, at least one,
+        or lost) and nobody watches the server any more; its pulse
+        (:mod:`tether.observe.pulse_mark`: its final evaluation's batches, its save) has stood
+        still for its ``--timeout`` since then. A server still serving a live worker is that
+        worker's to watch."""
+        assert self.lost_dir is not None
+        finished = len(list(self.lost_dir.glob(f"{FINISHED_MARK}*")))
+        lost = len(list(self.lost_dir.glob("rank-*.json")))
+        if not finished or finished + lost < self.world_size - 1:
+            return ""
+        if self._workers_done_at is None:
+            self._workers_done_at = time.time()
+        pulse = read_pulse(self.lost_dir / SERVER_PULSE)
+        if pulse is None:  # not one of ours, or it never started: nothing to measure against
+            return ""
+        beaten, timeout_s = pulse
+        still = time.time() - max(beaten, self._workers_done_at)
+        if still <= timeout_s:
+            return ""
+        how = "was stopped (SIGSTOP)" if process_state(pid) in ("T", "t") else "stopped answering"
+        return (
+            f"{how} after every worker had finished: its pulse (its final evaluation, saving "
+            f"the results) stood still for {still:.0f} s (--timeout {timeout_s:g} s)"
+        )
+
     def _wait(self, child: subprocess.Popen[bytes]) -> tuple[int, str]:
         """The child's exit status, and why we killed it for outliving the server ("" if we did
         not): the server has given up on it (or it hangs on its way out), and the agent would
@@ -268,10 +318,11 @@ class Supervisor:
                 child.kill()  # it did not end after the stop signal: stopped, or blocked
                 return child.wait(), ""
             if self.lost_dir is not None and self.rank == SERVER_RANK:
-                why = self._abandoned_server(child.pid)
+                why = self._abandoned_server(child.pid) or self._hung_at_the_end(child.pid)
                 if why:
                     child.kill()
                     child.wait()
+                    self._mark_given_up(why)
                     print(
                         f"tether: server rank 0 {why}; the run fails", file=sys.stderr, flush=True
                     )

@@ -74,15 +74,16 @@ class Scoring:
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
-        """Around a server's long step outside an evaluation (a checkpoint's save): the workers
-        that wait for it, or watch its pulse, hear from it before and after."""
+        """Around a server's long step outside an evaluation (a checkpoint's save, the final
+        results): the workers that wait for it, or watch its pulse, and its supervisor hear
+        from it before and after."""
         if self.waiting is not None:
-            self.waiting.keep_waiting()
+            self.waiting.reassure()
         try:
             yield
         finally:
             if self.waiting is not None:
-                self.waiting.keep_waiting()
+                self.waiting.reassure()
 
     def score(self) -> Mapping[str, float]:
         """The loss and metrics of the model the method evaluates (empty without data)."""

@@ -17,6 +17,7 @@ import torch
 from tether.config import TrainConfig
 from tether.observe.metrics import MetricsLog
 from tether.observe.progress import progress_bar
+from tether.observe.pulse_mark import beat
 from tether.targets import Target
 from tether.training.run_record import RunRecord
 
@@ -56,7 +57,13 @@ class WaitingWorkers:
 
     def tick(self) -> None:
         self._gap()
+        self.reassure()
+
+    def reassure(self) -> None:
+        """Tell the waiting workers, and the server's supervisor (its pulse: nobody else
+        watches it once every worker has finished), that the server is at work."""
         self.keep_waiting()
+        beat()
 
     def end(self) -> None:
         self._gap()
@@ -116,7 +123,9 @@ class ServerProgress:
         self.next_checkpoint = next_multiple(start, every) if every else None
 
     def close(self) -> None:
+        """The serving is over: its final work begins, which only its supervisor watches."""
         self.bar.close()
+        beat()
 
     def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Evaluate the served model at ``step``, remembering the parameters it scored."""

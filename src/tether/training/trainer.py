@@ -33,6 +33,7 @@ from tether.observe.files import atomic_write_text
 from tether.observe.joined import mark_joined
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
+from tether.observe.pulse_mark import start_pulse
 from tether.observe.step_trace import StepTracer
 from tether.observe.tensorboard import open_tensorboard
 from tether.observe.timeline import (
@@ -108,13 +109,9 @@ class Trainer:
             spe,
             self.grid,
         )
-        hang_after_send = send_fault(config, self.rank, self.run_dir)
-        if (
-            hang_after_send is not None
-            and isinstance(self.method, ServerMethod)
-            and not (self.method.is_server)
-        ):
-            self.method.on_sent = hang_after_send
+        hang = send_fault(config, self.rank, self.run_dir)  # a hang after a worker's send
+        if hang is not None and isinstance(self.method, ServerMethod) and not self.method.is_server:
+            self.method.on_sent = hang
         self.optimizer = MethodOptimizer(self.method, config.accumulate)
         self.objective = Objective(task.loss)
         self.scoring = Scoring(
@@ -210,6 +207,7 @@ class Trainer:
     def _serve(self) -> None:
         """The server's part: serve until the workers are done, evaluating as progress comes."""
         method = self.method
+        start_pulse(self.config.timeout_s)  # for its supervisor, once the workers have finished
         if isinstance(method, ServerMethod):
             self.scoring.waiting = WaitingWorkers(method.keep_waiting, self.config.timeout_s)
         hooks = ServerProgress(
@@ -230,7 +228,7 @@ class Trainer:
         try:
             result = self.method.serve(hooks)
         finally:
-            hooks.close()
+            hooks.close()  # its serving over, the server beats for its supervisor
         last = max(result.global_step, self.record.start_step)
         if not self.kept:
             hooks.evaluate_last(last)
@@ -246,7 +244,8 @@ class Trainer:
         extra = result.summary_extra()
         if failure is not None:
             extra = {**extra, "status": "failed", "error": str(failure)}
-        self._write_results(last, result.totals, model_state, extra)
+        with self.scoring.busy():
+            self._write_results(last, result.totals, model_state, extra)
         if failure is not None:
             raise failure
 
