@@ -273,7 +273,7 @@ def test_the_server_is_watched_by_its_pulse_once_every_worker_finished(
         assert not marks.exists()
         return
     assert proc.returncode == 1 and took < 10, (proc.returncode, took)
-    why = (marks / "given-up-rank-0").read_text()
+    why = (marks / "cause-rank-0").read_text()
     assert why.startswith("stopped answering after every worker had finished"), why
     assert "(--timeout 1 s)" in why and why in proc.stderr
 
@@ -282,3 +282,17 @@ def test_the_supervisor_starts_without_torch() -> None:
     # It runs every rank: importing torch there would cost each rank seconds before its child
     code = "import sys, tether.launch.supervise; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_sigterm_from_outside_is_marked_as_the_cause(tmp_path: Path) -> None:
+    # The agent reported it as "killed by SIGTERM", which is how it reports its own stop of the
+    # healthy ranks after a failure: the report listed the rank among the consequences.
+    marks = tmp_path / "marks"
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--marks-dir", str(marks), "--"]
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    env = {**os.environ, "RANK": "1"}
+    proc = subprocess.run([*cmd, sys.executable, "-c", code], env=env, timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+    assert (
+        marks / "cause-rank-1"
+    ).read_text() == "failed: killed by SIGTERM, sent from outside the run"

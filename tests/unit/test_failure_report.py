@@ -149,3 +149,22 @@ def test_a_users_own_timeout_is_not_a_peer_given_up(tmp_path: Path) -> None:
     message, _ = describe_failures(error, None, marks=marks)
     assert "hung" not in message, message
     assert "worker rank 1 failed: ReadTimeout" in message
+
+
+def test_what_a_supervisor_said_comes_first(tmp_path: Path) -> None:
+    # Rank 1 killed by a SIGTERM from outside read like the agent's stop of the healthy ranks,
+    # and was listed after the rank that lost its connection to it.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "cause-rank-1").write_text("failed: killed by SIGTERM, sent from outside the run")
+    error = ChildFailedError(
+        "worker",
+        {0: _failure(tmp_path, 0, GLOO_RESET), 1: _failure(tmp_path, 1, None, exitcode=-15)},
+    )
+    message, ranks = describe_failures(error, None, marks=marks)
+    assert (
+        message.split("; ")[0]
+        == "worker rank 1 failed: killed by SIGTERM, sent from outside the run"
+    )
+    assert message.split("; ")[1].startswith("worker rank 0 failed: RuntimeError: Read error")
+    assert ranks == [0, 1]

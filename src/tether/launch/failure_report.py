@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from tether.launch.lost import GIVEN_UP_MARK, describe_exit
+from tether.launch.lost import CAUSE_MARK, describe_exit
 
 # What a rank says when a transport's wait for a peer ran out: gloo's, a store's, NCCL's
 # watchdog, our wire's and our collectives' (not any "timed out", which a user's own code says)
@@ -42,8 +42,8 @@ _PEER_CAUSED = (
     "communicator was aborted",  # NCCL
     "timed out",
     "timeout",
-    # the agent stopping the ranks still running after a failure (a rank killed by a SIGTERM
-    # from outside reads the same: it is listed among them)
+    # the agent stopping the ranks still running after a failure (a SIGTERM from outside reads
+    # the same to the agent: its supervisor's cause mark puts that rank first)
     "killed by sigterm",
 )
 _SOURCE_PATH = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:537] "
@@ -106,10 +106,11 @@ def unanswering_ranks(marks: Path | None, waited: bool, servers: int = 0) -> dic
     return said
 
 
-def given_up_ranks(marks: Path | None, servers: int = 0) -> dict[int, str]:
-    """The ranks their supervisors killed for hanging, each with the supervisor's reason."""
+def supervisors_causes(marks: Path | None, servers: int = 0) -> dict[int, str]:
+    """The ranks whose supervisors said why they ended (a server killed for hanging, a rank
+    killed by a SIGTERM the launcher did not send), each with what it said."""
     said: dict[int, str] = {}
-    for path in marks.glob(f"{GIVEN_UP_MARK}*") if marks is not None else ():
+    for path in marks.glob(f"{CAUSE_MARK}*") if marks is not None else ():
         try:
             rank = int(path.name.rsplit("-", 1)[1])
             said[rank] = f"{rank_name(rank, servers)} {path.read_text().strip()}"
@@ -146,7 +147,7 @@ def describe_failures(
         # A rank that recorded its own error was at work on its way out, not silent.
         if rank not in reasons or reasons[rank].startswith("killed by")
     }
-    silent.update(given_up_ranks(marks, servers))  # what their supervisors killed them for
+    silent.update(supervisors_causes(marks, servers))
     own: list[str] = []
     consequences: list[str] = []
     details: list[str] = []

@@ -26,9 +26,10 @@ EARLIER = "before-resume-"  # prefix of an earlier attempt's record, kept by a r
 # Written by the server's supervisor when the server exits 0: workers still running after that
 # are of no more use to the run.
 SERVER_FINISHED = ".server-finished"
-# In the launcher's marks directory: a rank its supervisor killed for hanging (the server, once
-# its workers are gone), holding why, for the failure's report to say first.
-GIVEN_UP_MARK = "given-up-rank-"
+# In the launcher's marks directory: a supervisor's account of why its rank ended, for the
+# failure's report to say first (a server it killed for hanging once its workers were gone, a
+# rank killed by a SIGTERM the launcher did not send).
+CAUSE_MARK = "cause-rank-"
 
 
 def describe_exit(returncode: int) -> str:

@@ -54,7 +54,7 @@ from types import FrameType
 from tether.launch.env import DistEnv, elastic_error_file
 from tether.launch.error_file import read_error_file
 from tether.launch.lost import (
-    GIVEN_UP_MARK,
+    CAUSE_MARK,
     SERVER_FINISHED,
     given_up_by_server,
     lost_record,
@@ -182,13 +182,13 @@ class Supervisor:
             self.marks_dir.mkdir(parents=True, exist_ok=True)
             (self.marks_dir / f"{state}-rank-{self.rank}").touch()
 
-    def _mark_given_up(self, why: str) -> None:
-        """Record why we killed the child, for the launcher's report to say first."""
+    def _mark_cause(self, why: str) -> None:
+        """Record why the child ended, for the launcher's report to say first."""
         if self.marks_dir is None:
             return
         with contextlib.suppress(OSError):
             self.marks_dir.mkdir(parents=True, exist_ok=True)
-            (self.marks_dir / f"{GIVEN_UP_MARK}{self.rank}").write_text(why)
+            (self.marks_dir / f"{CAUSE_MARK}{self.rank}").write_text(why)
 
     def run(self) -> int:
         for sig in FORWARDED:
@@ -250,6 +250,9 @@ class Supervisor:
 
     def _pass_on(self, returncode: int) -> int:
         """End as the child ended, for the agent to report."""
+        if returncode == -signal.SIGTERM and self.stop_signal is None:
+            # not the launcher's stop (it goes through us): the agent's report could not tell
+            self._mark_cause("failed: killed by SIGTERM, sent from outside the run")
         if returncode < 0:
             # Die the way the child died, so the agent reports "killed by SIGKILL", not 137.
             with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
@@ -322,7 +325,7 @@ class Supervisor:
                 if why:
                     child.kill()
                     child.wait()
-                    self._mark_given_up(why)
+                    self._mark_cause(why)
                     print(
                         f"tether: server rank 0 {why}; the run fails", file=sys.stderr, flush=True
                     )
