@@ -467,6 +467,44 @@ def test_a_hogwild_run_whose_server_hangs_ends_naming_it(tmp_path: Path) -> None
         shutil.rmtree(lost, ignore_errors=True)  # the records tether launch keeps
 
 
+THREADED_HANGING_SERVER_SCRIPT = """
+import os, signal, threading, time
+import torch
+import tether
+from tether.methods.hogwild_easgd import HogwildEASGD
+
+HogwildEASGD.shared_memory = False  # the server threads of a run across nodes, here on one node
+ctx = tether.init(method="hogwild-easgd", timeout_s=5)
+if ctx.rank == 0:  # the serving thread hangs 8 s into the run (its start done), its threads not
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
+    threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
+for step in range(6000):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    time.sleep(0.005)
+print(f"worker rank {ctx.rank} finished", flush=True)
+ctx.finish()
+"""
+
+
+@pytest.mark.slow
+def test_hogwild_easgds_threads_stop_answering_for_a_hung_serving_thread(tmp_path: Path) -> None:
+    # Across nodes hogwild-easgd's server answers each worker on a thread of its own: with the
+    # serving thread hung they answered on, the workers trained to their end, and torchrun
+    # (no supervisor) waited for the server for ever. Now the threads stop answering once the
+    # serving thread's pulse stands still for the timeout, and the workers give the server up.
+    script = tmp_path / "script.py"
+    script.write_text(THREADED_HANGING_SERVER_SCRIPT)
+    result = _run([str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", str(script)], timeout=100)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "serving thread stood still" in result.stderr, result.stderr[-3000:]
+    assert "rank 0 (channel 2) sent nothing for 5.0 s" in result.stderr, result.stderr[-3000:]
+    assert "finished" not in result.stdout
+
+
 SAVING_SCRIPT = """
 import os, signal, sys, time
 import torch

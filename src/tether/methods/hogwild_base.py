@@ -131,6 +131,7 @@ class HogwildMethod(ServerMethod):
         self.initial: torch.Tensor | None = None  # worker: the server's weights at start
         self.stopping = False
         self.server_pulse = ServerPulse(self.config.timeout_s)  # a worker's watch on the server
+        self.beaten = time.monotonic()  # the server's last beat, for its threads without a board
 
     def max_step_jump(self) -> int:
         # Steps come from the board (this node's shared memory); a goodbye may follow the last
@@ -193,7 +194,9 @@ class HogwildMethod(ServerMethod):
         return shared
 
     def beat(self) -> None:
-        """The server's sign of life on the board (see :class:`ServerPulse`)."""
+        """The server's sign of life on the board (see :class:`ServerPulse`), and for its
+        exchange threads where there is none (hogwild-easgd across nodes)."""
+        self.beaten = time.monotonic()
         if self.board is not None:
             self.board[2 * self.workers + 1] += 1
 

@@ -28,7 +28,9 @@ reply, so a finished exchange is always already in ``c``. Setting the class attr
 from __future__ import annotations
 
 import copy
+import sys
 import threading
+import time
 from typing import Any, ClassVar
 
 import torch
@@ -167,6 +169,7 @@ class HogwildEASGD(HogwildMethod):
         if self.use_shared:
             self.watch(hooks, self.board_steps)
         else:
+            self.beat()  # the threads measure the serving thread's stillness from here
             threads = [
                 threading.Thread(target=self._serve_worker, args=(rank,), daemon=True)
                 for rank in self.server.state.workers
@@ -208,6 +211,8 @@ class HogwildEASGD(HogwildMethod):
                 msg = self.wire.recv_message(
                     buffers, src=rank, channel=EXCHANGE_CHANNEL, timeout=LISTEN_TIMEOUT
                 )
+                if self._serving_stood_still(rank):
+                    return
                 if msg.header.kind is MessageKind.PULL:  # the worker reads c (eval_model)
                     self._send(self.flat.clone(), rank, MessageKind.PARAMS)  # a still copy
                     continue
@@ -235,6 +240,23 @@ class HogwildEASGD(HogwildMethod):
             self.server.give_up(rank, f"protocol: {exc}")
         except Exception:
             return  # the worker's connection closed: its liveness watch reports the loss
+
+    def _serving_stood_still(self, rank: int) -> bool:
+        """Whether the serving thread's pulse (:meth:`beat`: its watch, each evaluation batch,
+        around a save) stood still for --timeout: it hangs, and this thread stops answering
+        ``rank``, whose wait for its reply then runs out and gives the server up. Answering on,
+        the threads would let the workers train to their end beside a server that never ends
+        the run (under torchrun, which has no supervisor, for ever)."""
+        still = time.monotonic() - self.beaten
+        if still <= self.config.timeout_s:
+            return False
+        print(
+            f"tether: server rank 0's serving thread stood still for {still:.0f} s (hung?): it "
+            f"stops answering worker rank {rank}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
 
     def _check_whole(self, length: int, what: str) -> None:
         """A vector message must hold the whole model: a shorter one (the receive buffer takes
