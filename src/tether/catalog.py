@@ -106,7 +106,7 @@ def _check_target_metric(config: TrainConfig) -> None:
     if target.metric not in known:
         raise TetherError(
             f"the target's metric {target.metric!r} is not evaluated; evaluated: "
-            f"{', '.join(sorted(known))} (add metrics with --metric NAME)"
+            f"{', '.join(sorted(known))} (add metrics with --metric NAME; tether.fit: metrics=)"
         )
 
 
@@ -119,7 +119,8 @@ def _check(name: str, registry: Any, what: str) -> None:
 
 def uses_import_paths(config: TrainConfig) -> bool:
     """Whether the run takes any of the user's own components (which get a dry run first)."""
-    names = [config.model, config.dataset, config.loss, *config.metrics]
+    names = [config.model, config.dataset, config.loss, config.optimizer, config.lr_schedule]
+    names += config.metrics
     return any(is_import_path(name) for name in names)
 
 
@@ -265,7 +266,13 @@ def load_data(config: TrainConfig) -> tuple[Dataset, Dataset | None, tuple[int, 
     loader = load_object(config.dataset, "dataset")
     if not callable(loader):
         raise TetherError(f"dataset {config.dataset!r} must be a callable returning (train, eval)")
-    loaded = loader()
+    try:
+        loaded = loader()
+    except Exception as exc:  # the user's loader: one line (a missing file, a wrong signature)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise TetherError(
+            f"dataset {config.dataset!r} failed: {type(exc).__name__}: {first}"
+        ) from None
     if not (isinstance(loaded, tuple | list) and len(loaded) == 2):
         raise TetherError(
             f"dataset {config.dataset!r} must return (train, eval) datasets (eval may be None), "

@@ -43,6 +43,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         help="data set name or module:loader (gives the input shape and one batch)",
     )
     parser.add_argument("--data-dir", help="directory holding the data set's files")
+    parser.add_argument(
+        "--loss", default=TrainConfig.loss, help="cross-entropy | mse | l1 | module:function"
+    )
     parser.add_argument("--batch-size", type=int, help="per-worker batch (default 64)")
     parser.add_argument("--threads-per-worker", type=int, default=1, help="threads (default 1)")
 
@@ -55,6 +58,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         model=args.model,
         dataset=args.dataset,
         data_dir=args.data_dir,
+        loss=args.loss,
         batch_size=args.batch_size if args.batch_size is not None else TrainConfig.batch_size,
         threads_per_worker=args.threads_per_worker,
     ).validate()  # a batch size or thread count no run could use: one line
@@ -77,7 +81,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     perf_inputs.check_out_file(out)
     most = perf_inputs.calibration_workers(config, args.workers)  # before any timing
     options = dataclasses.replace(options, most_workers=most)
-    train_argv = ["--model", config.model, "--dataset", config.dataset]
+    train_argv = ["--model", config.model, "--dataset", config.dataset, "--loss", config.loss]
     train_argv += ["--batch-size", str(config.batch_size)]
     # the thread count the layers were timed with (alone on the node, a worker would get all)
     train_argv += ["--threads-per-worker", str(threads)]

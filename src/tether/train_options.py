@@ -30,7 +30,12 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--weight-decay", "weight_decay", float, "L2 weight decay"),
     ("--seed", "seed", int, "random seed (data order, initial weights, torch, random, numpy)"),
     ("--target-accuracy", "target_accuracy", float, "test accuracy to time (fraction, e.g. 0.88)"),
-    ("--eval-every", "eval_every", int, "evaluate every N steps (0: four times per epoch)"),
+    (
+        "--eval-every",
+        "eval_every",
+        int,
+        "evaluate every N steps (0: 4 times an epoch, at least 8 times a run)",
+    ),
     ("--out", "out", str, "run directory (default: runs/METHOD-TIMESTAMP)"),
     (
         "--backend",

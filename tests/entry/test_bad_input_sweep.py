@@ -70,6 +70,36 @@ OTHER_TRAIN = [
 ]
 
 
+# The user's own components that fail as the CLI builds them (tests write them to a package)
+USER_PACKAGE = {
+    "nets.py": (
+        "import torch\n"
+        "def build():\n    return torch.nn.Linear(10, 1)\n"
+        "def needs_arg(width):\n    return torch.nn.Linear(10, width)\n"
+        "def raises():\n    raise RuntimeError('factory blew up')\n"
+        "def no_params():\n    return None\n"
+    ),
+    "data.py": (
+        "import torch\nfrom torch.utils.data import TensorDataset\n"
+        "def load():\n    x = torch.randn(256, 10)\n"
+        "    return TensorDataset(x, x[:, 0]), TensorDataset(x[:32], x[:32, 0])\n"
+        "def missing_file():\n    return open('/nonexistent/data.csv')\n"
+    ),
+}
+REGRESSION = ["--dataset", "userpkg.data:load", "--loss", "mse"]
+USER_CASES = [
+    ["train", "--model", "userpkg.nets:needs_arg", *REGRESSION],
+    ["train", "--model", "userpkg.nets:raises", *REGRESSION],
+    ["train", "--model", "userpkg.nets:build", "--dataset", "userpkg.data:missing_file"],
+    # an optimizer factory that takes no parameters: caught before launch, as tether.fit does
+    ["train", "--dataset", "digits", "--optimizer", "userpkg.nets:build"],
+    ["train", "--target", "accuracy>=90", "--out", "runs/percent"],  # never reached
+    ["train", "--stop-at-target", "--out", "runs/no-target"],  # nothing to stop at
+    # a regression model timed with the default cross-entropy: one line, pointing at --loss
+    ["predict", "--model", "userpkg.nets:build", "--dataset", "userpkg.data:load"],
+]
+
+
 def _train_cases(tmp: Path) -> list[list[str]]:
     cases = [["train", flag, value] for flag, values in INT_OPTIONS.items() for value in values]
     cases += [["train", flag, value] for flag, values in FLOAT_OPTIONS.items() for value in values]
@@ -150,7 +180,12 @@ def test_every_bad_input_is_one_line_exit_2(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # default run directories (runs/...) land here
     (tmp_path / "script.py").write_text("print('hi')\n")
-    cases = _train_cases(tmp_path) + OTHER_COMMANDS
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    for name, text in USER_PACKAGE.items():
+        (tmp_path / "userpkg" / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = _train_cases(tmp_path) + OTHER_COMMANDS + USER_CASES
     assert len(cases) >= 100, len(cases)
     broken = []
     for argv in cases:

@@ -32,7 +32,7 @@ from tether.training.batches import TrainBatches, batch_size_of, eval_batches, t
 from tether.training.evaluation import Evaluator
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.objective import LOSSES, Objective, split_batch
-from tether.training.probe import probe_task
+from tether.training.probe import probe_task, unseeded_model
 from tether.training.task import Task
 from tether.training.task_file import pickle_argument, read_task, uses_main, write_task
 
@@ -275,6 +275,28 @@ def test_objects_of_the_callers_script_are_recognised(monkeypatch: pytest.Monkey
     assert uses_main(pickle.dumps(_in_main))
 
 
+def test_a_script_read_from_stdin_is_an_interactive_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `python - < script.py`: its __main__ has a file name, "<stdin>", that no worker can
+    # import; the workers started and failed on FileNotFoundError
+    monkeypatch.setattr(_in_main, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "_in_main", _in_main, raising=False)
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>", raising=False)
+    with pytest.raises(TetherError, match=r"^model is defined in an interactive session"):
+        pickle_argument("model", _in_main)
+
+
+def test_a_failing_model_factory_is_one_line() -> None:
+    # it was the factory's own traceback (tether.fit(model=torch.nn.Linear): a class that
+    # needs arguments), before any check of the task
+    x, y = _xy()
+    task = Task(model=nn.Linear, train_data=TensorDataset(x, y), loss=nn.CrossEntropyLoss())
+    with pytest.raises(TetherError, match=r"^building the model \(Linear\) failed: TypeError"):
+        unseeded_model(task)
+
+
 def test_the_task_makes_the_trip_and_errors_name_the_argument(tmp_path: Path) -> None:
     x, y = _xy()
     task = Task(model=build_linear, train_data=TensorDataset(x, y), loss=nn.CrossEntropyLoss())
@@ -383,3 +405,18 @@ def test_import_paths_resolve_on_the_working_directory(
     assert infer_shape_and_classes(task.train_data) == ((4,), 2)
     with pytest.raises(TetherError, match="built-in model 'lenet5' needs images"):
         task_from_config(TrainConfig(model="lenet5", dataset="mytask:load"))
+
+
+def test_a_list_of_samples_is_a_data_set_of_its_own(tmp_path: Path) -> None:
+    # A list has __len__ and __getitem__ (map-style, as torch's DataLoader takes it); it was
+    # taken for a list of names: "unknown dataset 'list'"
+    from tether.api.fit import _config
+
+    x, y = _xy()
+    samples = list(zip(x, y, strict=True))
+    config, _, supplied = _config(
+        build_linear, samples, nn.CrossEntropyLoss(), None, None, ["accuracy"], "sync-sgd",
+        1, 1, 8, tmp_path / "run", None, None, False, {},
+    )  # fmt: skip
+    assert "dataset" in supplied and "metrics" not in supplied  # a list of metric names
+    assert config.dataset == "list"

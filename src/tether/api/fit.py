@@ -257,7 +257,10 @@ def _config(
             ("lr_schedule", scheduler),
             ("metrics", metrics),
         )
-        if value is not None and not isinstance(value, str | list | tuple)
+        # a list of metrics is of names; a list as train_data is a data set of its own
+        if value is not None
+        and not isinstance(value, str)
+        and not (key == "metrics" and isinstance(value, list | tuple))
     }
     check_names(config, supplied=supplied)
     given = set(options) - {"progress"}

@@ -169,9 +169,18 @@ def time_model(
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        workload = measure_workload(
-            model, inputs, targets, loss, optimizer, name, profile_name, repeats=repeats
-        )
+        try:
+            workload = measure_workload(
+                model, inputs, targets, loss, optimizer, name, profile_name, repeats=repeats
+            )
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            # the model, the loss and the data do not fit: one line, not a traceback
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise TetherError(
+                f"timing {name}'s training step failed: {type(exc).__name__}: {first} (does "
+                "the loss fit the model's outputs and the data's targets? a regression takes "
+                "a regression loss: --loss mse, loss=torch.nn.MSELoss())"
+            ) from None
         # kept, so that a prediction for another thread count can say its times are not of it
         workload = dataclasses.replace(workload, threads=threads)
     finally:

@@ -18,7 +18,7 @@ from tether.optim.schedules import build_scheduler
 from tether.targets import Target
 from tether.training.evaluation import Evaluator
 from tether.training.objective import Objective, takes_model_and_batch
-from tether.training.task import Task
+from tether.training.task import Task, describe
 
 
 def _first_line(exc: BaseException) -> str:
@@ -30,7 +30,14 @@ def unseeded_model(task: Task) -> torch.nn.Module:
     """The task's model, built without changing the caller's random state (for checks of its
     names and shapes)."""
     with torch.random.fork_rng(devices=[]):
-        return task.build_model()
+        try:
+            return task.build_model()
+        except TetherError:
+            raise
+        except Exception as exc:  # the user's factory: one line, before any worker starts
+            raise TetherError(
+                f"building the model ({describe(task.model)}) failed: {_first_line(exc)}"
+            ) from None
 
 
 def probe_task(

@@ -85,7 +85,7 @@ def check_run_dir(
         what = "holds a run" if holds_run(out) else "is not empty"
         raise TetherError(
             f"--out {out} {what}: choose another --out, continue it with --resume {out}, or "
-            "replace it with --overwrite"
+            "replace it with --overwrite (tether.fit: out=, resume=True, overwrite=True)"
         )
     _check_writable(out)
     return out

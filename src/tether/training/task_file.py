@@ -37,7 +37,9 @@ def _main_reference() -> dict[str, str | None]:
     if name and name != "__main__":
         return {"module": name.removesuffix(".__main__"), "path": None}
     path = getattr(main, "__file__", None)
-    return {"module": None, "path": os.path.abspath(path) if path else None}
+    # `python - < script.py` names its __main__ "<stdin>": no file a worker could import
+    file = os.path.abspath(path) if path and os.path.isfile(path) else None
+    return {"module": None, "path": file}
 
 
 def uses_main(data: bytes) -> bool:
