@@ -97,10 +97,29 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
         )
 
 
+def check_stop_at_target(config: TrainConfig) -> None:
+    """A run told to stop at its target has one (`tether compare` gives its runs a default
+    one, so this is for `tether train` and `tether.fit`)."""
+    if config.stop_at_target and config.target_spec is None:
+        raise TetherError(
+            "stop_at_target needs a target to stop at: give --target-accuracy 0.88 or --target "
+            "'loss<=0.3' (tether.fit: target=)"
+        )
+
+
 def _check_target_metric(config: TrainConfig) -> None:
     """The target names a metric the run evaluates (the loss, accuracy, or a --metric)."""
     target = config.target_spec
-    if target is None or any(is_import_path(m) for m in config.metrics):
+    if target is None:
+        return
+    own = [m.rpartition(":")[2].rpartition(".")[2] for m in config.metrics if is_import_path(m)]
+    if target.metric == "accuracy" and "accuracy" not in own and not 0 < target.value <= 1:
+        # the built-in accuracy is a fraction: a target above 1 would never be reached
+        raise TetherError(
+            f"accuracy is a fraction in (0, 1], got {target.value:g} in target {target} (write "
+            "accuracy>=0.9 for 90%)"
+        )
+    if own:
         return  # an imported metric's name is known once it is loaded
     known = {"loss", "accuracy", *config.metrics}
     if target.metric not in known:

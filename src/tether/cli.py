@@ -33,6 +33,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.catalog import (
         check_data,
         check_launch,
+        check_stop_at_target,
         task_from_config,
         uses_import_paths,
     )
@@ -53,12 +54,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     # that does not fit the data).
     check_data(config)
     check_launch(config)
+    check_stop_at_target(config)
     model = None
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
         model = unseeded_model(task)  # built once, for every check below
         METHODS.get(config.method).check_model(model)  # e.g. one dtype
-        probe_task(task, model=model, target=config.target_spec)
+        probe_task(task, model=model, target=config.target_spec, config=config)
         check_plan_on_model(config, model)  # every layer the plan splits, before launch
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
     check_run_dir(config, args.overwrite, model if config.resume else None)

@@ -324,11 +324,6 @@ class TrainConfig:
             )
         if self.target is not None:
             parse_target(self.target)
-        _require(
-            not self.stop_at_target or self.target is not None or self.target_accuracy is not None,
-            "stop_at_target needs a target to stop at: give --target-accuracy 0.88 or --target "
-            "'loss<=0.3' (tether.fit: target=)",
-        )
         _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")

@@ -43,13 +43,7 @@ def parse_target(text: str) -> Target:
             f"target must look like 'accuracy>=0.88' or 'loss<=0.3' (a metric, >= or <=, a "
             f"number), got {text!r}"
         )
-    metric = match.group(1)
-    if metric == "accuracy" and not 0 < value <= 1:  # a target that could never be reached
-        raise TetherError(
-            f"accuracy is a fraction in (0, 1], got {value:g} in target {text!r} (write "
-            f"accuracy>=0.9 for 90%)"
-        )
-    return Target(metric, match.group(2).startswith(">"), value)
+    return Target(match.group(1), match.group(2).startswith(">"), value)
 
 
 def target_text(metric: str, value: float, above: bool | None = None) -> str:

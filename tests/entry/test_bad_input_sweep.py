@@ -97,6 +97,7 @@ USER_CASES = [
     ["train", "--stop-at-target", "--out", "runs/no-target"],  # nothing to stop at
     # a regression model timed with the default cross-entropy: one line, pointing at --loss
     ["predict", "--model", "userpkg.nets:build", "--dataset", "userpkg.data:load"],
+    ["predict", "--model", "userpkg.nets:needs_arg", *REGRESSION],
 ]
 
 
@@ -218,3 +219,14 @@ def test_more_processes_than_cores_warns_in_one_line(capsys: pytest.CaptureFixtu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_launch(TrainConfig(method="sync-sgd", workers=cores))  # no warning
+
+
+def test_compare_stops_at_its_own_default_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_launch: None
+) -> None:
+    # `tether compare --stop-at-target` gives its runs a default target after the config is
+    # read: the check that a run told to stop has a target must not refuse it (it did, briefly)
+    monkeypatch.chdir(tmp_path)
+    argv = ["compare", "--methods", "sync-sgd", "--stop-at-target", "--steps", "5"]
+    with pytest.raises(AssertionError, match="reached the launcher"):
+        main(argv)

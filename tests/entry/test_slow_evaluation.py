@@ -113,7 +113,10 @@ class StuckEval(SlowEval):
         return self.x[i], self.y[i]
 
 
-def test_a_server_hung_after_its_workers_finished_is_ended_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["async-sgd", "original-easgd"])  # tolerant or not of a loss
+def test_a_server_hung_after_its_workers_finished_is_ended_naming_it(
+    tmp_path: Path, method: str
+) -> None:
     """Every worker finished, the server hung in its final evaluation, and nobody watched it:
     the run waited for it for ever. Its supervisor now gives it up once its pulse has stood
     still for --timeout after the last worker finished, and the run fails naming it."""
@@ -124,7 +127,7 @@ def test_a_server_hung_after_its_workers_finished_is_ended_naming_it(tmp_path: P
             train_data=_train_data(),
             eval_data=StuckEval(),  # read only at the end: no evaluation before the last step
             loss=nn.CrossEntropyLoss(),
-            method="async-sgd",
+            method=method,
             workers=2,
             steps=10,
             batch_size=16,

@@ -257,7 +257,8 @@ def test_the_server_is_watched_by_its_pulse_once_every_worker_finished(
     # kept the run waiting for ever; one that keeps beating past its timeout is at work.
     lost, marks = tmp_path / "lost", tmp_path / "marks"
     lost.mkdir()
-    (lost / ".finished-rank-1").touch()
+    marks.mkdir()
+    (marks / "finished-rank-1").touch()
     (lost / "rank-2.json").write_text(json.dumps({"rank": 2}))  # one finished, one lost
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "3"}
     cmd = [sys.executable, "-m", "tether.launch.supervise", "--lost-dir", str(lost)]
@@ -270,7 +271,7 @@ def test_the_server_is_watched_by_its_pulse_once_every_worker_finished(
     took = time.monotonic() - started
     if ending == "end":
         assert proc.returncode == 0, proc.stderr
-        assert not marks.exists()
+        assert not (marks / "cause-rank-0").exists()
         return
     assert proc.returncode == 1 and took < 10, (proc.returncode, took)
     why = (marks / "cause-rank-0").read_text()

@@ -420,3 +420,19 @@ def test_a_list_of_samples_is_a_data_set_of_its_own(tmp_path: Path) -> None:
     )  # fmt: skip
     assert "dataset" in supplied and "metrics" not in supplied  # a list of metric names
     assert config.dataset == "list"
+
+
+def restarts(optimizer: torch.optim.Optimizer, total_steps: int) -> object:
+    return torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, T_0=total_steps // 4)
+
+
+def test_the_dry_run_builds_a_schedule_for_the_runs_length() -> None:
+    # A schedule sized by the run (T_0 a quarter of it) was tried on a run of 1 step (T_0 = 0)
+    # and refused, though the run would have trained
+    from tether.config import TrainConfig
+
+    x, y = _xy()
+    task = Task(build_linear, TensorDataset(x, y), nn.CrossEntropyLoss(), scheduler=restarts)
+    probe_task(task, config=TrainConfig(method="sync-sgd", workers=1, steps=8, batch_size=4))
+    with pytest.raises(TetherError, match="T_0"):
+        probe_task(task)  # without the run's config: a length of one step

@@ -30,6 +30,7 @@ from tether.catalog import (
     check_global_batch,
     check_launch,
     check_names,
+    check_stop_at_target,
     infer_shape_and_classes,
     load_data,
     loss_function,
@@ -139,7 +140,7 @@ def fit(
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loading)
     model = unseeded_model(task)  # built once, for every check below
     METHODS.get(config.method).check_model(model)  # e.g. one dtype (as each worker would find)
-    probe_task(task, model=model, target=config.target_spec)
+    probe_task(task, model=model, target=config.target_spec, config=config)
     check_launch(config)
     check_plan_on_model(config, model)
     if isinstance(task.train_data, Sized):
@@ -263,6 +264,7 @@ def _config(
         and not (key == "metrics" and isinstance(value, list | tuple))
     }
     check_names(config, supplied=supplied)
+    check_stop_at_target(config)
     given = set(options) - {"progress"}
     return config, given, supplied
 

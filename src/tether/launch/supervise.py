@@ -13,9 +13,10 @@ TORCHELASTIC_ERROR_FILE) still reaches the agent.
 
 A server still running once every worker is recorded lost (stopped, or hung ``SERVER_GRACE_S``
 later: a healthy one ends the run itself) is killed and the run fails naming it: nothing else
-would end it. So is a server whose pulse (:mod:`tether.observe.pulse_mark`) stands still for its
-``--timeout`` once every worker is done, at least one finished (a worker's supervisor leaves a
-mark in LOST_DIR when it exits 0): nobody else watches it then, in its final evaluation and save.
+would end it. So is a server whose pulse (:mod:`tether.observe.pulse_mark`, a file in MARKS_DIR)
+stands still for its ``--timeout`` once every worker is done, at least one finished (a worker's
+supervisor leaves a mark in MARKS_DIR when it exits 0): nobody else watches it then, in its final
+evaluation and save (every server method: original-easgd, which tolerates no loss, too).
 When the server exits 0 its supervisor leaves a mark in LOST_DIR; a worker still running
 ``GRACE_S`` later (hung: the server has given up on it) is killed and recorded as lost, so the agent
 does not wait for it forever. A worker the server's ``summary.json`` names as given up is killed
@@ -72,8 +73,9 @@ SCRIPT_STOP_GRACE_S = 30.0
 # how long a server may run on once every worker is lost (it then ends the run itself, failed,
 # after writing what it has; still running later, it is hung)
 SERVER_GRACE_S = 30.0
-FINISHED_MARK = ".finished-rank-"  # + R: a tolerated worker's supervisor, its child exited 0
-SERVER_PULSE = ".server-pulse"  # the server's pulse (tether.observe.pulse_mark)
+# In the marks directory: a worker's supervisor's, its child exited 0; the server's pulse
+FINISHED_MARK = "finished-rank-"  # + R
+SERVER_PULSE = "server-pulse"  # tether.observe.pulse_mark
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -149,10 +151,6 @@ class Supervisor:
         return self.lost_dir is not None and self.rank != SERVER_RANK
 
     @property
-    def _finished_mark(self) -> str:
-        return f"{FINISHED_MARK}{self.rank}"
-
-    @property
     def _joined_mark(self) -> Path:
         """The file the worker touches once it has joined the run (:mod:`tether.observe.joined`):
         until then its loss is not tolerated."""
@@ -203,9 +201,10 @@ class Supervisor:
             assert self.lost_dir is not None
             self.lost_dir.mkdir(parents=True, exist_ok=True)
             env[JOINED_MARK_ENV] = str(self._joined_mark)
-        elif self.lost_dir is not None and self.rank == SERVER_RANK:
-            self.lost_dir.mkdir(parents=True, exist_ok=True)
-            env[PULSE_MARK_ENV] = str(self.lost_dir / SERVER_PULSE)
+        if self.marks_dir is not None and self.rank == SERVER_RANK:
+            # a parameter server beats there (a method without one: nothing is written)
+            self.marks_dir.mkdir(parents=True, exist_ok=True)
+            env[PULSE_MARK_ENV] = str(self.marks_dir / SERVER_PULSE)
         self.child = subprocess.Popen(
             self.command, env=env, preexec_fn=_die_with_parent(), process_group=0
         )
@@ -213,10 +212,13 @@ class Supervisor:
             self.child.send_signal(self.stop_signal)
         returncode, overstayed = self._wait(self.child)
         if returncode == 0:
-            if self.lost_dir is not None:
+            if self.lost_dir is not None and self.rank == SERVER_RANK:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
-                finished = SERVER_FINISHED if self.rank == SERVER_RANK else self._finished_mark
-                (self.lost_dir / finished).touch()
+                (self.lost_dir / SERVER_FINISHED).touch()
+            if self.marks_dir is not None and self.rank != SERVER_RANK:
+                with contextlib.suppress(OSError):
+                    self.marks_dir.mkdir(parents=True, exist_ok=True)
+                    (self.marks_dir / f"{FINISHED_MARK}{self.rank}").touch()
             return 0
         if self.stop_signal is None and self.tolerated:
             return self._lost(returncode, overstayed)
@@ -286,14 +288,15 @@ class Supervisor:
         (:mod:`tether.observe.pulse_mark`: its final evaluation's batches, its save) has stood
         still for its ``--timeout`` since then. A server still serving a live worker is that
         worker's to watch."""
-        assert self.lost_dir is not None
-        finished = len(list(self.lost_dir.glob(f"{FINISHED_MARK}*")))
-        lost = len(list(self.lost_dir.glob("rank-*.json")))
+        if self.marks_dir is None:
+            return ""
+        finished = len(list(self.marks_dir.glob(f"{FINISHED_MARK}*")))
+        lost = len(list(self.lost_dir.glob("rank-*.json"))) if self.lost_dir is not None else 0
         if not finished or finished + lost < self.world_size - 1:
             return ""
         if self._workers_done_at is None:
             self._workers_done_at = time.time()
-        pulse = read_pulse(self.lost_dir / SERVER_PULSE)
+        pulse = read_pulse(self.marks_dir / SERVER_PULSE)
         if pulse is None:  # not one of ours, or it never started: nothing to measure against
             return ""
         beaten, timeout_s = pulse
@@ -320,11 +323,13 @@ class Supervisor:
             if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                 child.kill()  # it did not end after the stop signal: stopped, or blocked
                 return child.wait(), ""
-            if self.lost_dir is not None and self.rank == SERVER_RANK:
-                why = self._abandoned_server(child.pid) or self._hung_at_the_end(child.pid)
+            if self.rank == SERVER_RANK:
+                abandoned = self._abandoned_server(child.pid) if self.lost_dir else ""
+                why = abandoned or self._hung_at_the_end(child.pid)
                 if why:
-                    child.kill()
-                    child.wait()
+                    child.kill()  # nothing, if it ended since the wait above
+                    if child.wait() == 0:  # it finished after all: not the hang we saw
+                        return 0, ""
                     self._mark_cause(why)
                     print(
                         f"tether: server rank 0 {why}; the run fails", file=sys.stderr, flush=True

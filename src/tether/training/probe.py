@@ -12,10 +12,12 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
+from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.optim import check_distributable
 from tether.optim.schedules import build_scheduler
 from tether.targets import Target
+from tether.training.build import steps_per_epoch
 from tether.training.evaluation import Evaluator
 from tether.training.objective import Objective, takes_model_and_batch
 from tether.training.task import Task, describe
@@ -30,14 +32,30 @@ def unseeded_model(task: Task) -> torch.nn.Module:
     """The task's model, built without changing the caller's random state (for checks of its
     names and shapes)."""
     with torch.random.fork_rng(devices=[]):
-        try:
-            return task.build_model()
-        except TetherError:
-            raise
-        except Exception as exc:  # the user's factory: one line, before any worker starts
-            raise TetherError(
-                f"building the model ({describe(task.model)}) failed: {_first_line(exc)}"
-            ) from None
+        return build_model(task)
+
+
+def build_model(task: Task) -> torch.nn.Module:
+    """The task's model, a failure of the user's factory in one line (a TetherError)."""
+    try:
+        return task.build_model()
+    except TetherError:
+        raise
+    except Exception as exc:
+        raise TetherError(
+            f"building the model ({describe(task.model)}) failed: {_first_line(exc)}"
+        ) from None
+
+
+def _run_length(config: TrainConfig | None, samples: int) -> tuple[int, int]:
+    """(total steps, steps per epoch) of the run, as its workers count them; (1, 1) unknown."""
+    if config is None:
+        return 1, 1
+    try:
+        per_epoch = steps_per_epoch(config, samples, config.data_workers)
+    except TetherError:
+        return 1, 1  # too little data for a step: said elsewhere, in its own words
+    return (config.steps or config.epochs * per_epoch), per_epoch
 
 
 def probe_task(
@@ -45,11 +63,13 @@ def probe_task(
     samples: int = 2,
     model: torch.nn.Module | None = None,
     target: Target | None = None,
+    config: TrainConfig | None = None,
 ) -> None:
     """Build the model (or take ``model``, the caller's :func:`unseeded_model`) and run
     forward, the loss and every metric on ``samples`` training samples (collated as the workers
     will), without changing the caller's random state; ``target`` must name a metric the run
-    will evaluate (a target nothing measures would never be reached, and say nothing)."""
+    will evaluate (a target nothing measures would never be reached, and say nothing). With
+    the run's ``config``, a schedule is built for the run's length, as the workers will."""
     if "loss" in (task.metrics or {}):
         raise TetherError(
             "a metric cannot be named 'loss': the run's mean loss has that name (rename it)"
@@ -80,7 +100,7 @@ def probe_task(
                     else torch.optim.SGD(model.parameters(), lr=0.1)
                 )
                 check_distributable(optimizer)
-                build_scheduler(task.scheduler, optimizer, total_steps=1)
+                build_scheduler(task.scheduler, optimizer, *_run_length(config, size))
             except TetherError:
                 raise
             except Exception as exc:
