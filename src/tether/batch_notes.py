@@ -1,7 +1,8 @@
 """What a user is told about a held batch: the methods whose workers step on their own batch
-hold their global batch (``global_batch_max``: 128 / P per worker beyond 2 workers), so a run's
-batch is not always the 64 the user may expect. ``tether train`` names it on its first line,
-``tether predict`` says where its predictions are at another batch than training would run."""
+hold their global batch (``global_batch_max``: 128 / P per worker beyond 2 workers, sync-easgd
+64 / P beyond 1), so a run's batch is not always the 64 the user may expect. ``tether train``
+names it on its first line, ``tether predict`` says where its predictions are at another batch
+than training would run."""
 
 from __future__ import annotations
 

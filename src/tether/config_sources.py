@@ -105,17 +105,17 @@ OWN_RATE_KEYS = (
 )
 
 
-HELD_BATCH_MIN = 16  # global_batch_max shrinks a worker's batch no further than this
+HELD_WORKERS = 8  # global_batch_max is held up to this many workers, then grows with them
 
 
 def held_batch_size(config: TrainConfig) -> int:
     """The per-worker batch under ``global_batch_max`` (0: ``batch_size`` as it is): as workers
     are added, ``global_batch_max // P`` for P data workers once ``batch_size * P`` exceeds it,
-    not below 16 (the global batch grows again beyond ``global_batch_max / 16`` workers)."""
+    not below ``global_batch_max // 8`` (the global batch grows again beyond 8 workers)."""
     cap, workers = config.global_batch_max, config.data_workers
     if not cap or config.batch_size * workers <= cap:
         return config.batch_size
-    return max(cap // workers, min(HELD_BATCH_MIN, config.batch_size))
+    return max(cap // workers, min(max(1, cap // HELD_WORKERS), config.batch_size))
 
 
 def resolve_config(

@@ -219,7 +219,7 @@ def test_all_workers_defaults_double_the_rate_at_most_and_clip_the_gradient() ->
         assert {c.clip_grad_norm for c in rates} == {2.0}, method
         own = catalog_resolve(None, {"method": method, "workers": 8, "clip_grad_norm": 5.0})
         assert (own.clip_grad_norm, own.scaled_lr) == (5.0, pytest.approx(0.2)), method
-    easgd = catalog_resolve(None, {"method": "sync-easgd", "workers": 2})
+    easgd = catalog_resolve(None, {"method": "sync-easgd", "workers": 1})
     assert (easgd.clip_grad_norm, easgd.scaled_lr) == (None, 0.4)  # the plain-SGD workers
     assert "lr 0.1 x min(r, 2), r = B / 256" in describe_rate(method_defaults("sync-sgd"))
     assert "clip_grad_norm 2" in describe_rate(method_defaults("sync-sgd"))
@@ -229,23 +229,27 @@ def test_all_workers_defaults_double_the_rate_at_most_and_clip_the_gradient() ->
 def test_own_batch_methods_hold_the_global_batch_beyond_two_workers() -> None:
     """The methods whose workers step on their own batch (the EASGD family, the parameter-server
     and Hogwild methods): beyond 2 workers the default per-worker batch shrinks to hold the
-    global batch at 128 (at least 16 per worker), and the rate follows the square root of the
-    worker's batch."""
+    global batch at 128 (sync-easgd at 64; held up to 8 workers), and the rate follows the
+    square root of the worker's batch."""
     own = [m for m in METHODS.names() if method_defaults(m).get("lr_batch") == "worker"]
     assert len(own) == 8, own
     for method in own:
         runs = [catalog_resolve(None, {"method": method, "workers": w}) for w in (1, 2, 4, 8, 16)]
-        assert [c.batch_size for c in runs] == [64, 64, 32, 16, 16], method
+        # sync-easgd holds one worker's 64, the others 128; both beyond 8 workers no further
+        held = [64, 32, 16, 8, 8] if method == "sync-easgd" else [64, 64, 32, 16, 16]
+        assert [c.batch_size for c in runs] == held, method
         base = method_defaults(method)["lr"]
-        rates = [base, base, base * 0.5**0.5, base * 0.5, base * 0.5]
+        rates = [base * (b / 64) ** 0.5 for b in held]
         assert [c.scaled_lr for c in runs] == pytest.approx(rates), method
         given = catalog_resolve(None, {"method": method, "workers": 8, "batch_size": 64})
         assert (given.batch_size, given.scaled_lr) == (64, pytest.approx(base)), method
         larger = catalog_resolve(None, {"method": method, "workers": 2, "batch_size": 256})
         assert larger.scaled_lr == pytest.approx(base), method  # capped at the reference rate
+    text = describe_rate(method_defaults("async-easgd"))
+    assert "; batch 128 / P per worker beyond 2 workers (at least 16; a rate you give " in text
     text = describe_rate(method_defaults("sync-easgd"))
     assert text.endswith(
-        "; batch 128 / P per worker beyond 2 workers (at least 16; a rate you give runs at 64)"
+        "; batch 64 / P per worker beyond 1 worker (at least 8; a rate you give runs at 64)"
     ), text
     # A rate the user gives is for the batch of 64 they know: not run at 16 (sync-easgd's own
     # 0.4 diverged there), unless they hold the batch themselves
@@ -260,7 +264,7 @@ def test_own_batch_methods_hold_the_global_batch_beyond_two_workers() -> None:
     held = catalog_resolve(None, {"method": "sync-sgd", "workers": 8, "global_batch_max": 128})
     assert (held.batch_size, held.scaled_lr) == (16, pytest.approx(0.05))  # 128 samples
     split = catalog_resolve(None, {"method": "sync-easgd", "workers": 8, "model_parallel": 2})
-    assert split.batch_size == 32  # 4 data-parallel groups of 32: 128 samples
+    assert split.batch_size == 16  # 4 data-parallel groups of 16: sync-easgd's 64 samples
     with pytest.raises(TetherError, match=r"global_batch_max must be >= 0 \(0: off\), got -1"):
         TrainConfig(global_batch_max=-1).validate()
 
@@ -410,9 +414,9 @@ def test_under_torchrun_the_held_batch_follows_the_launchers_world_size() -> Non
         )
         return worker_config(parser.parse_args(list(options)), env)
 
-    # 8 workers: 128 / 8 (it was held for the default 2 workers, 64, before the count was known)
+    # 8 workers: 64 / 8 (it was held for the default 2 workers, 32, before the count was known)
     easgd = config(8, "--method", "sync-easgd")
-    assert (easgd.workers, easgd.batch_size) == (8, 16)
+    assert (easgd.workers, easgd.batch_size) == (8, 8)
     # a parameter-server method: 9 processes are 8 workers and the server
     server = config(9, "--method", "async-easgd")
     assert (server.workers, server.batch_size) == (8, 16)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tether.config import TrainConfig
-from tether.config_sources import HELD_BATCH_MIN
+from tether.config_sources import HELD_WORKERS
 
 GLOBAL_REFERENCE = 256  # samples of all workers' batches (4 workers x 64)
 GLOBAL_SCALE_MAX = 2.0  # the linear rule up to 2 x 256 samples: measured stable there when clipped
@@ -25,6 +25,7 @@ GLOBAL_CLIP_NORM = 2.0  # the gradient's global norm clipped at 2 with the scale
 WORKER_REFERENCE = 64  # the default per-worker batch
 ASYNC_REFERENCE_WORKERS = 4  # the parameter-server methods' rates were tuned on 4 workers
 OWN_BATCH_GLOBAL = 128  # own-batch methods' workers' batches together, beyond 2 workers
+SYNC_EASGD_HELD = 64  # sync-easgd's: one worker's batch (own_batch_rate)
 
 
 def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
@@ -44,11 +45,12 @@ def all_workers_rate(lr: float, batch: str = "global") -> dict[str, Any]:
     }
 
 
-def own_batch_rate(lr: float, damped: bool = False) -> dict[str, Any]:
+def own_batch_rate(lr: float, damped: bool = False, held: int = OWN_BATCH_GLOBAL) -> dict[str, Any]:
     """Defaults for a worker stepping on its own batch (the EASGD family, the parameter-server
     and Hogwild methods): ``lr`` at a worker's batch of 64, times ``min(sqrt(r), 1)``, and the
-    global batch held at 128 samples (the per-worker batch 128 / P beyond 2 workers, at least
-    16); ``damped``: the step is also damped beyond 4 workers (:func:`damped_step`).
+    global batch held at ``held`` samples up to 8 workers (128: a worker's batch 128 / P beyond
+    2 workers; :func:`tether.config_sources.held_batch_size`); ``damped``: the step is also
+    damped beyond 4 workers (:func:`damped_step`).
 
     Why hold the global batch: an EASGD worker is tied to the others only through the center
     (SC17 section 3), which gains about one worker's step per step, so its progress per epoch
@@ -57,13 +59,17 @@ def own_batch_rate(lr: float, damped: bool = False) -> dict[str, Any]:
     added, a larger rate diverged, and on 8 workers five of these methods missed 85% in 3
     epochs on LeNet-5; held at 128 they reach it. The square root, not the linear rule, because
     the stable rate followed it: the square-root rate is half the rate that diverged at a
-    batch of 16 and 32 (benchmarks/results/easgd_batch_sweep_*.md)."""
+    batch of 16 and 32 (benchmarks/results/easgd_batch_sweep_*.md). sync-easgd holds one
+    worker's batch, 64 (``SYNC_EASGD_HELD``), so that its workers take as many steps an epoch
+    as one worker alone: held at 128 on 8 workers it reached 88% in 5 epochs on LeNet-5 at the
+    last evaluation or not at all (seeds 0-2), held at 64 at 4.25-4.5 epochs on two seeds of
+    three and at 2 and 4 workers sooner too (benchmarks/results/sync_easgd_batch_*.md)."""
     rate: dict[str, Any] = {
         "lr": lr,
         "lr_base_batch": WORKER_REFERENCE,
         "lr_batch": "worker",
         "lr_scaling": "sqrt-capped",
-        "global_batch_max": OWN_BATCH_GLOBAL,
+        "global_batch_max": held,
     }
     if damped:
         rate["async_base_workers"] = ASYNC_REFERENCE_WORKERS
@@ -126,8 +132,9 @@ def describe_rate(defaults: Mapping[str, Any]) -> str:
     held = defaults.get("global_batch_max")
     if held:
         rate += (
-            f"; batch {held} / P per worker beyond {held // TrainConfig.batch_size} workers "
-            f"(at least {HELD_BATCH_MIN}; a rate you give runs at {TrainConfig.batch_size})"
+            f"; batch {held} / P per worker beyond {held // TrainConfig.batch_size} "
+            f"worker{'s' if held > TrainConfig.batch_size else ''} (at least "
+            f"{held // HELD_WORKERS}; a rate you give runs at {TrainConfig.batch_size})"
         )
     others = [
         f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"

@@ -23,7 +23,7 @@ from torch import nn
 
 from tether.comm.reducer import AllReducer, PendingReduce
 from tether.methods.base import Backward, StepTimes, TrainingMethod
-from tether.methods.default_rates import own_batch_rate
+from tether.methods.default_rates import SYNC_EASGD_HELD, own_batch_rate
 from tether.methods.elastic import ELASTIC_SETTINGS, elastic_rate
 from tether.methods.flat import flatten_parameters
 from tether.methods.replicated import REDUCER_SETTINGS, broadcast_parameters, run_reducer
@@ -38,7 +38,7 @@ class SyncEASGD(TrainingMethod):
 
     name = "sync-easgd"
     per_rank_state = True
-    defaults = own_batch_rate(0.4)
+    defaults = own_batch_rate(0.4, held=SYNC_EASGD_HELD)
     settings = REDUCER_SETTINGS | ELASTIC_SETTINGS | {"overlap", "single_message"}
     composes_with_model_parallel = True
 
