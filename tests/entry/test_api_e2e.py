@@ -432,15 +432,17 @@ def test_a_worker_that_fails_before_joining_fails_an_asynchronous_run_at_once(
     assert took < 30, took  # start-up and the agent's stop; no rendezvous timeout
 
 
-HANGING_SERVER_SCRIPT = """
+# A user's loop whose server's serving thread hangs DELAY s into the run (a signal handler that
+# sleeps, in the main thread, as a deadlock would), its workers training for 30 s or more
+HANGING_SERVER_TEMPLATE = """
 import os, signal, threading, time
 import torch
 import tether
-
-ctx = tether.init(timeout_s=5)
-if ctx.rank == 0:  # the server hangs 3 s into serving (in its serving thread, as a deadlock would)
+{setup}
+ctx = tether.init({init})
+if ctx.rank == 0:
     signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
-    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    threading.Timer({delay}, os.kill, (os.getpid(), signal.SIGUSR1)).start()
 net = torch.nn.Linear(4, 2)
 model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
 for step in range(6000):
@@ -448,9 +450,10 @@ for step in range(6000):
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()
     time.sleep(0.005)
-print(f"worker rank {ctx.rank} finished", flush=True)
+print(f"worker rank {{ctx.rank}} finished", flush=True)
 ctx.finish()
 """
+HANGING_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(setup="", init="timeout_s=5", delay=3.0)
 
 
 @pytest.mark.slow
@@ -467,27 +470,12 @@ def test_a_hogwild_run_whose_server_hangs_ends_naming_it(tmp_path: Path) -> None
         shutil.rmtree(lost, ignore_errors=True)  # the records tether launch keeps
 
 
-THREADED_HANGING_SERVER_SCRIPT = """
-import os, signal, threading, time
-import torch
-import tether
-from tether.methods.hogwild_easgd import HogwildEASGD
-
-HogwildEASGD.shared_memory = False  # the server threads of a run across nodes, here on one node
-ctx = tether.init(method="hogwild-easgd", timeout_s=5)
-if ctx.rank == 0:  # the serving thread hangs 8 s into the run (its start done), its threads not
-    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
-    threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-net = torch.nn.Linear(4, 2)
-model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
-for step in range(6000):
-    opt.zero_grad()
-    model(torch.randn(8, 4)).pow(2).mean().backward()
-    opt.step()
-    time.sleep(0.005)
-print(f"worker rank {ctx.rank} finished", flush=True)
-ctx.finish()
-"""
+THREADED_HANGING_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(
+    # the server threads of a run across nodes, here on one node
+    setup="from tether.methods.hogwild_easgd import HogwildEASGD\nHogwildEASGD.shared_memory = False",
+    init='method="hogwild-easgd", timeout_s=5',
+    delay=8.0,  # its start done (the workers' start-up on 2 busy cores takes seconds)
+)
 
 
 @pytest.mark.slow

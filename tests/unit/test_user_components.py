@@ -436,3 +436,13 @@ def test_the_dry_run_builds_a_schedule_for_the_runs_length() -> None:
     probe_task(task, config=TrainConfig(method="sync-sgd", workers=1, steps=8, batch_size=4))
     with pytest.raises(TetherError, match="T_0"):
         probe_task(task)  # without the run's config: a length of one step
+
+
+def test_a_targets_comparison_reads_as_on_the_command_line() -> None:
+    # 'accuracy>0.9' on the command line means >=; (metric, ">", value) was refused by fit
+    from tether.api.fit import _target
+
+    assert _target(("accuracy", ">", 0.9)) == _target(("accuracy", ">=", 0.9)) == "accuracy>=0.9"
+    assert _target(("loss", "<", 0.3)) == "loss<=0.3"
+    with pytest.raises(TetherError, match="target must be"):
+        _target(("accuracy", "=", 0.9))

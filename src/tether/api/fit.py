@@ -276,8 +276,8 @@ def _target(target: Any) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         if len(target) == 2:
             return target_text(str(target[0]), float(value))
-        if len(target) == 3 and target[1] in (">=", "<="):
-            return target_text(str(target[0]), float(value), above=target[1] == ">=")
+        if len(target) == 3 and target[1] in (">=", "<=", ">", "<"):  # as the CLI's text
+            return target_text(str(target[0]), float(value), above=target[1].startswith(">"))
     raise TetherError(
         f"target must be (metric, value), (metric, '>=' or '<=', value) or 'metric>=value', "
         f"got {target!r}"

@@ -62,8 +62,9 @@ def own_batch_rate(lr: float, damped: bool = False, held: int = OWN_BATCH_GLOBAL
     batch of 16 and 32 (benchmarks/results/easgd_batch_sweep_*.md). sync-easgd holds one
     worker's batch, 64 (``SYNC_EASGD_HELD``), so that its workers take as many steps an epoch
     as one worker alone: held at 128 on 8 workers it reached 88% in 5 epochs on LeNet-5 at the
-    last evaluation or not at all (seeds 0-2), held at 64 at 4.25-4.5 epochs on two seeds of
-    three and at 2 and 4 workers sooner too (benchmarks/results/sync_easgd_batch_*.md)."""
+    last evaluation or not at all (seeds 0-2), held at 64 at 4.0 and 4.5 epochs (seeds 1, 2;
+    seed 0 ended at 87.9%), and at 2 and 4 workers sooner too
+    (benchmarks/results/sync_easgd_batch_*.md, defaults_*.md)."""
     rate: dict[str, Any] = {
         "lr": lr,
         "lr_base_batch": WORKER_REFERENCE,
