@@ -184,6 +184,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every cell")
     parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,...: a cell each")
     parser.add_argument("--stem", default="defaults", help="the result file's name")
+    parser.add_argument(
+        "--title",
+        default="Defaults at every worker count: LeNet-5 / Fashion-MNIST",
+        help="the result file's heading",
+    )
     parser.add_argument("--cells", type=Path, help="JSON-lines file of finished cells")
     parser.add_argument("--reuse", action="store_true", help="skip cells already in --cells")
     parser.add_argument(
@@ -250,7 +255,8 @@ def main() -> None:
         f"Cells: {len(cells)}, goals met in {passed}. Each cell: `tether train --method M "
         f"--workers W --epochs 5|3 --seed {args.seed}` plus the settings shown (LeNet-5, "
         "Fashion-MNIST, per-worker batch 64 unless the method holds its global batch, as "
-        "those whose workers step on their own batch do beyond 2 workers: the global batch "
+        "those whose workers step on their own batch do beyond 2 workers (sync-easgd beyond 1): "
+        "the global batch "
         "column; everything else the method's default). Time: "
         "training time to the first evaluation at or above the target (evaluation pauses "
         "excluded, start-up not counted). Cells are run one after another, not interleaved; "
@@ -262,7 +268,7 @@ def main() -> None:
         f"Command per cell, e.g. `{shlex.join(['tether', 'train', '--method', example])} ...`",
     ]
     write_part_result(
-        "Defaults at every worker count: LeNet-5 / Fashion-MNIST",
+        args.title,
         args.stem,
         lines,
         figure(cells),

@@ -30,7 +30,8 @@ def batch_text(config: TrainConfig, given: set[str]) -> str:
 def held_batches_note(methods: list[str], counts: list[int], batch: int) -> str | None:
     """A line for predictions at the default batch where ``tether train``'s defaults would run
     another: the methods that hold their global batch (``global_batch_max``) shrink a worker's
-    batch beyond 2 workers, and a prediction at 64 is then not the run the user would get.
+    batch beyond 2 workers (sync-easgd beyond 1), and a prediction at 64 is then not the run
+    the user would get.
     Consecutive counts with one batch are a range (a weak-scaling curve: 16 on 8 to 4096).
     A prediction has no worker cap (it is a model, not a run), so counts beyond ``tether
     train``'s ``MAX_WORKERS`` take the same held-batch rule, applied past the config's check."""
