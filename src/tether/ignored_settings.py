@@ -45,6 +45,17 @@ OWN_SCHEDULE_KEYS = (
 )
 
 
+def own_component_keys(config: TrainConfig, supplied: Iterable[str] = ()) -> set[str]:
+    """The settings a user's own optimizer or schedule (``supplied`` as an object, or an import
+    path in ``config``) sets for itself: the config's values for them go unused."""
+    keys: set[str] = set()
+    if "optimizer" in supplied or is_import_path(config.optimizer):
+        keys.update(OWN_OPTIMIZER_KEYS)
+    if "lr_schedule" in supplied or is_import_path(config.lr_schedule):
+        keys.update(OWN_SCHEDULE_KEYS)
+    return keys
+
+
 def ignored_settings(
     config: TrainConfig, given: Iterable[str], supplied: Iterable[str] = ()
 ) -> list[str]:

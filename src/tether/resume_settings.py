@@ -16,6 +16,7 @@ run goes on, how it evaluates, checkpoints, logs and communicates stay free.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,14 @@ def saved_config(run_dir: Path) -> TrainConfig:
     return apply_overrides(TrainConfig(), load_toml(path))
 
 
-def check_kept(saved: TrainConfig, config: TrainConfig, run_dir: Path) -> None:
+def check_kept(
+    saved: TrainConfig, config: TrainConfig, run_dir: Path, unused: Iterable[str] = ()
+) -> None:
     """Refuse ``config`` (a resume of the run in ``run_dir``, whose config was ``saved``) when a
-    setting the checkpoint was made under has another value, naming each one and both values."""
-    keys = KEPT + KEPT_BY_METHOD.get(saved.method, ())
+    setting the checkpoint was made under has another value, naming each one and both values.
+    ``unused``: settings the run does not read (a user's own optimizer sets its own rate), which
+    the warning about ignored settings names instead: the run's value would mislead."""
+    keys = [key for key in KEPT + KEPT_BY_METHOD.get(saved.method, ()) if key not in unused]
     changed = [key for key in keys if getattr(config, key) != getattr(saved, key)]
     if not changed:
         return

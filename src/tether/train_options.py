@@ -220,6 +220,7 @@ def config_from_args(
     leave of them, set before the config is resolved, so that what follows from the count (a
     method's held batch) is the count's."""
     from tether.catalog import resolve_config
+    from tether.ignored_settings import own_component_keys
     from tether.methods import METHODS
 
     overrides = dict(given_values(args) if given is None else given)
@@ -248,7 +249,8 @@ def config_from_args(
         overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
     config = resolve_config(None, overrides, base)
     if base is not None:
-        check_kept(base, config, args.resume)  # e.g. another --lr, which torch would undo
+        # e.g. another --lr, which torch would undo; not one an --optimizer import path ignores
+        check_kept(base, config, args.resume, own_component_keys(config))
     if config.out is None:
         config = apply_overrides(config, {"out": default_out(config)})
     return config

@@ -151,3 +151,23 @@ def test_fit_resume_takes_the_runs_settings_and_refuses_others(tmp_path: Path) -
         _fit_config(run, accumulate=1)
     with pytest.raises(TetherError, match=r"with optimizer 'adamw': the run has optimizer 'auto'"):
         _fit_config(run, optimizer="adamw")
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=3e-3)
+
+
+def test_a_rate_the_users_own_optimizer_sets_is_not_the_runs_to_keep(tmp_path: Path) -> None:
+    # The run's AdamW factory sets its own rate (summary.json: 0.003); resuming with lr=0.5 was
+    # refused naming "the run has lr 0.05", a default the run never used. Now the
+    # rate is left to the factory (and the warning about ignored settings says lr does nothing)
+    from tether.api.fit import _config
+
+    run = _run(tmp_path, model="Linear", dataset="TensorDataset", lr_base_batch=0)
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4), torch.zeros(64, dtype=torch.long))
+    args = (None, None, None, None, str(run), None, None, True, {"lr": 0.5})
+    model = torch.nn.Linear(4, 2)
+    config = _config(model, data, None, _adamw, None, None, *args)[0]
+    assert config.resume
+    with pytest.raises(TetherError, match=r"with lr 0\.5: the run has lr 0\.05"):
+        _config(model, data, None, None, None, None, *args)  # the method's own SGD: its rate

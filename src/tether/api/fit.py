@@ -43,7 +43,7 @@ from tether.catalog import (
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
 from tether.errors import TetherError
-from tether.ignored_settings import warn_ignored
+from tether.ignored_settings import own_component_keys, warn_ignored
 from tether.methods import METHODS
 from tether.resume_settings import check_kept, saved_config
 from tether.runner import launch_training
@@ -246,8 +246,13 @@ def _config(
         saved = saved_config(Path(out))
     values.setdefault("progress", False)  # a library call: no progress bar unless asked
     config = resolve_config(None, values, base=saved, method_defaults=method_defaults)
-    if saved is not None:
-        check_kept(saved, config, Path(out))
+    own = {
+        key
+        for key, value in (("optimizer", optimizer), ("lr_schedule", scheduler))
+        if callable(value)
+    }
+    if saved is not None:  # a rate the user's own optimizer sets is not the run's to keep
+        check_kept(saved, config, Path(out), own_component_keys(config, own))
     supplied = {
         key
         for key, value in (
