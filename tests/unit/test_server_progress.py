@@ -3,11 +3,16 @@ batch that takes near --timeout (which that cannot cover) is said once."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import torch
 
 import tether.training.server_progress as server_progress
+from tether.observe.files import atomic_write
+from tether.training.checkpoint import save_checkpoint
 from tether.training.server_progress import WaitingWorkers
 
 
@@ -36,3 +41,37 @@ def test_each_batch_keeps_the_workers_waiting_and_a_slow_batch_is_said_once(
     assert "an evaluation batch took 2.0 s, near --timeout 3 s" in capsys.readouterr().err
     evaluation([2.5])
     assert capsys.readouterr().err == ""  # once
+
+
+def test_a_save_that_progresses_keeps_the_workers_waiting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A server's checkpoint that took longer than --timeout lost its waiting workers: they
+    # heard from it only before and after the save. Now every write that reaches the file may
+    # reassure them, at most 4 times per --timeout, and a save whose writes stop says nothing.
+    now = [0.0]
+    monkeypatch.setattr(server_progress, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    told: list[float] = []
+    waiting = WaitingWorkers(lambda: told.append(now[0]), timeout_s=2.0)
+
+    def slow_save(handle: Any) -> None:  # 10 chunks, 0.3 s apart: 3 s, past the timeout
+        for _ in range(10):
+            now[0] += 0.3
+            handle.write(b"x" * 1000)
+
+    atomic_write(tmp_path / "checkpoint.pt", slow_save, waiting.progress)
+    assert (tmp_path / "checkpoint.pt").stat().st_size == 10_000
+    gaps = [b - a for a, b in zip([0.0, *told], [*told, now[0]], strict=True)]
+    assert len(told) == 5 and max(gaps) <= 0.6 + 1e-9, told  # every 0.5 s or so, not per write
+    told.clear()
+    now[0] += 10.0  # a save whose writes stopped: nothing reassures anyone
+    assert told == []
+
+
+def test_a_checkpoint_saved_with_progress_is_the_same_file(tmp_path: Path) -> None:
+    calls = []
+    state = {"w": torch.arange(3_000_000, dtype=torch.float32), "step": 7}
+    save_checkpoint(tmp_path, state, lambda: calls.append(1))
+    assert len(calls) > 1  # torch.save writes a 12 MB tensor in many chunks
+    loaded = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7

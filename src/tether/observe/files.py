@@ -13,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 
 def umask() -> int:
@@ -30,13 +30,43 @@ def umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+class ReportingWriter:
+    """A binary file that calls ``progress`` after each write that goes through: a long save
+    says it is at work (a parameter server's workers, waiting for its reply, hear that it is
+    busy) for as long as its bytes keep reaching the file, and falls silent when they stop (a
+    hung disk is not taken for progress). ``progress`` limits its own rate."""
+
+    def __init__(self, handle: IO[bytes], progress: Callable[[], None]) -> None:
+        self.handle = handle
+        self.progress = progress
+
+    def write(self, data: Any) -> int:
+        written = self.handle.write(data)
+        self.progress()
+        return written
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def __getattr__(self, name: str) -> Any:  # tell, seek, fileno...: the file's own
+        return getattr(self.handle, name)
+
+
+def atomic_write(
+    path: Path,
+    write: Callable[[IO[bytes]], object],
+    progress: Callable[[], None] | None = None,
+) -> None:
+    """``write(handle)`` to ``path``, atomically; ``progress``: called as its writes go through
+    (:class:`ReportingWriter`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as handle:
-            write(handle)
+            write(
+                handle if progress is None else cast(IO[bytes], ReportingWriter(handle, progress))
+            )
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

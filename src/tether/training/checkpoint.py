@@ -9,6 +9,7 @@ needed for sync-sgd.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,12 @@ def load_shard(run_dir: Path, rank: int, step: int | None) -> dict[str, Any] | N
     return shard
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    run_dir: Path, state: dict[str, Any], progress: Callable[[], None] | None = None
+) -> Path:
+    """``progress``: called as the bytes reach the file (a server's workers hear it is busy)."""
     path = run_dir / CHECKPOINT_NAME
-    atomic_write(path, lambda handle: torch.save(state, handle))
+    atomic_write(path, lambda handle: torch.save(state, handle), progress)
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,14 @@ def run_summary(
     }
 
 
-def write_results(run_dir: Path, summary: dict[str, Any], model_state: dict[str, Any]) -> None:
-    atomic_write(run_dir / "model.pt", lambda handle: torch.save(model_state, handle))
+def write_results(
+    run_dir: Path,
+    summary: dict[str, Any],
+    model_state: dict[str, Any],
+    progress: Callable[[], None] | None = None,
+) -> None:
+    """model.pt and summary.json; ``progress`` as in :func:`tether.training.checkpoint.save_checkpoint`."""
+    atomic_write(run_dir / "model.pt", lambda handle: torch.save(model_state, handle), progress)
     atomic_write_json(run_dir / "summary.json", summary)
 
 

@@ -74,6 +74,8 @@ class RunCheckpoints:
         # where the run resumed (restore), so that a resumed run's summary covers the whole run.
         self.totals = PhaseTotals()
         self.every = every  # checkpoint_every (None: no checkpoints)
+        # a server's: called as its checkpoint's bytes reach the disk (its workers wait for it)
+        self.progress: Callable[[], None] | None = None
         # The first step at which such a worker saves its shard (moved on by a resume).
         self.next_own = next_multiple(0, every) if every else 0
 
@@ -114,7 +116,7 @@ class RunCheckpoints:
             **({"worker_totals": True} if summed is None else {"totals": summed.as_tensor()}),
             **record.checkpoint_fields(elapsed),
         }
-        save_checkpoint(self.run_dir, state)
+        save_checkpoint(self.run_dir, state, self.progress)
 
     def save_own(self, step: int) -> None:
         """This rank's shard: its replica and the method's state (its optimizer's), or for an

@@ -51,6 +51,7 @@ class WaitingWorkers:
         self._last = 0.0  # when the evaluation began or the last batch was taken
         self.longest_s = 0.0  # between two of them, in this evaluation
         self._said = False
+        self._reassured = time.perf_counter()
 
     def start(self) -> None:
         self._last, self.longest_s = time.perf_counter(), 0.0
@@ -64,6 +65,14 @@ class WaitingWorkers:
         watches it once every worker has finished), that the server is at work."""
         self.keep_waiting()
         beat()
+        self._reassured = time.perf_counter()
+
+    def progress(self) -> None:
+        """A save's bytes reached the disk: :meth:`reassure`, at most 4 times per --timeout (a
+        save that goes on longer than --timeout, progressing, loses no worker; one whose
+        writes stop is silent and given up as a hung server)."""
+        if time.perf_counter() - self._reassured >= self.timeout_s / 4:
+            self.reassure()
 
     def end(self) -> None:
         self._gap()

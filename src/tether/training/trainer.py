@@ -210,6 +210,7 @@ class Trainer:
         start_pulse(self.config.timeout_s)  # for its supervisor, once the workers have finished
         if isinstance(method, ServerMethod):
             self.scoring.waiting = WaitingWorkers(method.keep_waiting, self.config.timeout_s)
+            self.checkpoints.progress = self.scoring.waiting.progress  # a long save's bytes
         hooks = ServerProgress(
             self.config,
             self.record,
@@ -394,4 +395,4 @@ class Trainer:
             self.steps_per_epoch,
             extra,
         )
-        write_results(self.run_dir, summary, model_state)
+        write_results(self.run_dir, summary, model_state, self.checkpoints.progress)
