@@ -23,7 +23,7 @@ from tether import config_sources
 from tether.comm.collectives import collectives_for
 from tether.config import TrainConfig
 from tether.data import DATASETS, check_dataset, fill_dataset_cache, load_dataset
-from tether.errors import TetherError
+from tether.errors import TetherError, first_line
 from tether.imports import is_import_path, load_object
 from tether.launch.partition import plan_partition, usable_cores
 from tether.methods import METHODS
@@ -288,10 +288,7 @@ def load_data(config: TrainConfig) -> tuple[Dataset, Dataset | None, tuple[int, 
     try:
         loaded = loader()
     except Exception as exc:  # the user's loader: one line (a missing file, a wrong signature)
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise TetherError(
-            f"dataset {config.dataset!r} failed: {type(exc).__name__}: {first}"
-        ) from None
+        raise TetherError(f"dataset {config.dataset!r} failed: {first_line(exc)}") from None
     if not (isinstance(loaded, tuple | list) and len(loaded) == 2):
         raise TetherError(
             f"dataset {config.dataset!r} must return (train, eval) datasets (eval may be None), "

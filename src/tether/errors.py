@@ -11,6 +11,13 @@ class TetherError(Exception):
     """A user error: the message says what was wrong and how to fix it, in one line."""
 
 
+def first_line(exc: BaseException) -> str:
+    """``exc`` as one line of a TetherError's message: its type and its message's first line
+    (a user's component that failed, without its traceback)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 class WorkerFailure(Exception):
     """One or more worker processes failed; the message names the ranks and their errors."""
 

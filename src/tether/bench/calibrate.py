@@ -36,7 +36,7 @@ from tether.bench.exchange_load import ExchangeSamples, fit_exchange_load
 from tether.bench.link_fit import fit_ring
 from tether.bench.server_wire import WireFit, measure_server_wire
 from tether.bench.workload import measure_workload
-from tether.errors import TetherError
+from tether.errors import TetherError, first_line
 from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
 from tether.perf.workload import Workload
@@ -175,9 +175,8 @@ def time_model(
             )
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:
             # the model, the loss and the data do not fit: one line, not a traceback
-            first = (str(exc).strip().splitlines() or [""])[0]
             raise TetherError(
-                f"timing {name}'s training step failed: {type(exc).__name__}: {first} (does "
+                f"timing {name}'s training step failed: {first_line(exc)} (does "
                 "the loss fit the model's outputs and the data's targets? a regression takes "
                 "a regression loss: --loss mse, loss=torch.nn.MSELoss())"
             ) from None

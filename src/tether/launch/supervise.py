@@ -173,20 +173,21 @@ class Supervisor:
 
     def _mark(self, pid: int) -> None:
         """Record that the child was still at work, or stopped, when the run was stopped."""
-        if self.marks_dir is None:
-            return
         state = "stopped" if process_state(pid) in ("T", "t") else "running"
-        with contextlib.suppress(OSError):
-            self.marks_dir.mkdir(parents=True, exist_ok=True)
-            (self.marks_dir / f"{state}-rank-{self.rank}").touch()
+        self._write_mark(f"{state}-rank-{self.rank}")
 
     def _mark_cause(self, why: str) -> None:
         """Record why the child ended, for the launcher's report to say first."""
+        self._write_mark(f"{CAUSE_MARK}{self.rank}", why)
+
+    def _write_mark(self, name: str, text: str = "") -> None:
+        """A file in the marks directory (nothing without one; a failure to write it must not
+        change how the child's end is reported)."""
         if self.marks_dir is None:
             return
         with contextlib.suppress(OSError):
             self.marks_dir.mkdir(parents=True, exist_ok=True)
-            (self.marks_dir / f"{CAUSE_MARK}{self.rank}").write_text(why)
+            (self.marks_dir / name).write_text(text)
 
     def run(self) -> int:
         for sig in FORWARDED:
@@ -215,10 +216,8 @@ class Supervisor:
             if self.lost_dir is not None and self.rank == SERVER_RANK:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
                 (self.lost_dir / SERVER_FINISHED).touch()
-            if self.marks_dir is not None and self.rank != SERVER_RANK:
-                with contextlib.suppress(OSError):
-                    self.marks_dir.mkdir(parents=True, exist_ok=True)
-                    (self.marks_dir / f"{FINISHED_MARK}{self.rank}").touch()
+            if self.rank != SERVER_RANK:
+                self._write_mark(f"{FINISHED_MARK}{self.rank}")
             return 0
         if self.stop_signal is None and self.tolerated:
             return self._lost(returncode, overstayed)

@@ -9,7 +9,7 @@ then holds its ``--timeout``), before each evaluation batch, around a save, and 
 serving ends. The supervisor gives the server up once every worker is done and the file's time
 has stood still for that timeout, as a worker gives up a server it hears nothing from.
 
-Standard library only: the supervisor imports it.
+Standard library only (and tether.observe.files, which is too): the supervisor imports it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import contextlib
 import math
 import os
 from pathlib import Path
+
+from tether.observe.files import atomic_write_text
 
 PULSE_MARK_ENV = "TETHER_SERVER_PULSE"
 
@@ -33,9 +35,7 @@ def start_pulse(timeout_s: float) -> None:
     path = _path()
     if path is not None:
         with contextlib.suppress(OSError):
-            temporary = path.with_name(path.name + ".tmp")
-            temporary.write_text(f"{timeout_s:g}\n")
-            temporary.replace(path)  # never read half written
+            atomic_write_text(path, f"{timeout_s:g}\n")  # never read half written
 
 
 def beat() -> None:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 
 from tether.config import TrainConfig
-from tether.errors import TetherError
+from tether.errors import TetherError, first_line
 from tether.optim import check_distributable
 from tether.optim.schedules import build_scheduler
 from tether.targets import Target
@@ -21,11 +21,6 @@ from tether.training.build import steps_per_epoch
 from tether.training.evaluation import Evaluator
 from tether.training.objective import Objective, takes_model_and_batch
 from tether.training.task import Task, describe
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def unseeded_model(task: Task) -> torch.nn.Module:
@@ -43,7 +38,7 @@ def build_model(task: Task) -> torch.nn.Module:
         raise
     except Exception as exc:
         raise TetherError(
-            f"building the model ({describe(task.model)}) failed: {_first_line(exc)}"
+            f"building the model ({describe(task.model)}) failed: {first_line(exc)}"
         ) from None
 
 
@@ -89,7 +84,7 @@ def probe_task(
             items = [task.train_data[i] for i in range(min(samples, size))]
             batch: Any = (task.collate_fn or default_collate)(items)
         except Exception as exc:
-            raise TetherError(f"reading a batch of train_data failed: {_first_line(exc)}") from None
+            raise TetherError(f"reading a batch of train_data failed: {first_line(exc)}") from None
         if task.optimizer is not None or task.scheduler is not None:
             # the optimizer and schedule factories, on this model (a schedule alone, on a
             # stand-in for the method's own optimizer)
@@ -105,7 +100,7 @@ def probe_task(
                 raise
             except Exception as exc:
                 raise TetherError(
-                    f"building the optimizer or schedule failed: {_first_line(exc)}"
+                    f"building the optimizer or schedule failed: {first_line(exc)}"
                 ) from None
         objective = Objective(task.loss)
         model.eval()
@@ -116,7 +111,7 @@ def probe_task(
                 raise
             except Exception as exc:
                 raise TetherError(
-                    f"the model and loss failed on a batch of train_data: {_first_line(exc)}"
+                    f"the model and loss failed on a batch of train_data: {first_line(exc)}"
                 ) from None
             for name, metric in (task.metrics or {}).items():
                 try:
@@ -127,7 +122,7 @@ def probe_task(
                     )
                     float(value)
                 except Exception as exc:
-                    raise TetherError(f"metric {name!r} failed: {_first_line(exc)}") from None
+                    raise TetherError(f"metric {name!r} failed: {first_line(exc)}") from None
             evaluated = Evaluator(objective, task.metrics).names_for(result.outputs, result.targets)
     if target is not None:
         if task.eval_data is None:
