@@ -1,7 +1,8 @@
 """Large-batch training: momentum SGD with the linear scaling rule, a tuned Nesterov, LARS and LAMB
 from batch 256 to 8192 (16384 on request), and mixed precision's throughput.
 
-Part ``batches``. LeNet-5 with batch norm on Fashion-MNIST, the same epoch budget for every cell,
+Part ``batches``. LeNet-5 with batch norm (``--model cnn``: the 4.8M-parameter CNN, which has
+none) on Fashion-MNIST, the same epoch budget for every cell,
 through ``tether.fit`` (sync-sgd; one worker with gradient accumulation reaches the large global
 batches: sync-sgd's update is the same for any worker count at a given global batch, which the
 test suite checks, so one process measures what P workers would). Per global batch B:
@@ -58,6 +59,7 @@ from matplotlib.figure import Figure
 from _common import RESULTS, machine, write_part_result
 
 BASE_BATCH, MICRO_BATCH, TARGET = 256, 512, 0.88
+MODELS = {"lenet5-bn": "LeNet-5 (batch norm)", "cnn": "the 4.8M-parameter CNN"}  # --model: title
 TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training set
 EVALUATIONS = 20  # per run: every half epoch or so (the default, four per epoch and at least one
 # per step, evaluated every step at 8192, where an epoch is 7 steps)
@@ -92,6 +94,8 @@ def cell_options(optimizer: str, batch: int, lr: float, args: argparse.Namespace
         "momentum": 0.9,
         "lr": lr,
     }
+    if args.model != "lenet5-bn":  # in the run's key too (LeNet-5's runs predate --model)
+        options["model"] = args.model
     if optimizer == "momentum":
         options.update(optimizer="sgd", lr=0.05, lr_base_batch=BASE_BATCH, weight_decay=5e-4)
     elif optimizer == "nesterov":
@@ -212,6 +216,21 @@ class Runs:
                 handle.write(json.dumps(entry) + "\n")
         return record
 
+    def other_rates(self, options: dict[str, Any]) -> dict[float, dict[str, Any]]:
+        """The runs in the file with these settings at any rate (``--offline``: a table from
+        several sweeps lists every rate they tried, e.g. a grid moved after a first one failed)."""
+        if self.parallel > 1:
+            options = {**options, "threads_per_worker": 1}
+        wanted = {
+            k: v for k, v in json.loads(_run_key("sync-sgd", 1, options)).items() if k != "lr"
+        }
+        with self.lock:
+            return {
+                entry["lr"]: record
+                for entry, record in ((json.loads(k), r) for k, r in self.done.items())
+                if {k: v for k, v in entry.items() if k != "lr"} == wanted
+            }
+
     def _read_back(self, key: str) -> dict[str, Any] | None:
         with self.lock:
             if key not in self.done:
@@ -303,6 +322,9 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
             tried = {start: job(o, b, start, 0)}
         else:
             tried = tune(lambda lr: job(o, b, lr, 0), start, GRID)
+            if args.offline:
+                options = {**cell_options(o, b, start, args), "seed": 0}
+                tried = {**runs.other_rates(options), **tried}
         lr = best_rate(tried)
         with ThreadPoolExecutor(max_workers=max(1, args.seeds - 1)) as pool:  # the gate limits
             seeds = list(pool.map(lambda seed: job(o, b, lr, seed), range(1, args.seeds)))
@@ -417,7 +439,7 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch")
     ax.set_ylabel(f"test accuracy after {args.epochs} epochs")
-    ax.set_title("LeNet-5 (batch norm), Fashion-MNIST")
+    ax.set_title(f"{MODELS[args.model]}, Fashion-MNIST")
     ax.grid(True, alpha=0.3)
     ax.legend()
     return lines, figure
@@ -511,6 +533,9 @@ def main() -> None:
     parser.add_argument("--warmup-epochs", type=float, default=2.0)
     parser.add_argument("--batches", default="256,4096,8192")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--model", choices=tuple(MODELS), default="lenet5-bn", help="part batches: the model"
+    )
     parser.add_argument("--parallel", type=int, default=2, help="runs side by side (part batches)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds (part precision)")
     parser.add_argument("--cnn-steps", type=int, default=60, help="the CNN's steps on the CPU")
