@@ -59,7 +59,10 @@ from matplotlib.figure import Figure
 from _common import RESULTS, machine, write_part_result
 
 BASE_BATCH, MICRO_BATCH, TARGET = 256, 512, 0.88
-MODELS = {"lenet5-bn": "LeNet-5 (batch norm)", "cnn": "the 4.8M-parameter CNN"}  # --model: title
+MODELS = {
+    "lenet5-bn": "LeNet-5 (batch norm)",
+    "cnn": "4.8M-parameter CNN (no batch norm)",
+}  # --model: title
 TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training set
 EVALUATIONS = 20  # per run: every half epoch or so (the default, four per epoch and at least one
 # per step, evaluated every step at 8192, where an epoch is 7 steps)
