@@ -24,8 +24,9 @@ from tether.comm.wire_setup import open_socket_wire
 from tether.errors import WorkerFailure
 from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
-from tether.methods.ps_server import ServerEndpoint
-from tether.methods.ps_worker import WorkerEndpoint
+from tether.methods.ps_server import WATCH_CHANNEL, ServerEndpoint
+from tether.methods.ps_worker import SERVER, WorkerEndpoint
+from tether.methods.server_end_watch import ServerEndWatch, supervised
 from tether.observe.metrics import PhaseTotals
 
 
@@ -103,6 +104,7 @@ class ServerMethod(TrainingMethod):
         self.is_server = self.transport.rank == 0
         self._eval_copy: nn.Module | None = None  # a worker's copy of the server's model
         self._eval_flat = self.flat
+        self._end_watch: ServerEndWatch | None = None  # a worker with no supervisor (torchrun)
         # Called on a worker with the step after each exchange's message is sent (fault
         # injection: see WorkerEndpoint.on_sent).
         self.on_sent: Callable[[int], None] | None = None
@@ -148,6 +150,11 @@ class ServerMethod(TrainingMethod):
         else:
             self.link = WorkerEndpoint(self.wire, self.flat)
             self.link.on_sent = self.on_sent
+            if self.tolerates_worker_loss and not supervised():  # torchrun, mpiexec
+                wire = self.wire
+                self._end_watch = ServerEndWatch(
+                    lambda: wire.has_data(SERVER, WATCH_CHANNEL), self.transport.rank
+                )
 
     def keep_waiting(self) -> None:
         """Called by the serving thread between evaluation batches: the workers waiting for a
@@ -201,6 +208,8 @@ class ServerMethod(TrainingMethod):
 
     def finish(self, totals: PhaseTotals | None) -> None:
         if not self.is_server:
+            if self._end_watch is not None:  # leaving on its own, before its wire closes
+                self._end_watch.stop()
             self.link.goodbye(totals or PhaseTotals(), self.local_step)
             self.wire.close_after_sending()  # the server reads the goodbye, then the end
 
