@@ -99,6 +99,8 @@ def cell_options(optimizer: str, batch: int, lr: float, args: argparse.Namespace
     }
     if args.model != "lenet5-bn":  # in the run's key too (LeNet-5's runs predate --model)
         options["model"] = args.model
+    if args.trust_exclude != "bias-norm" and optimizer in ("lars", "lamb"):  # likewise
+        options["trust_exclude"] = args.trust_exclude
     if optimizer == "momentum":
         options.update(optimizer="sgd", lr=0.05, lr_base_batch=BASE_BATCH, weight_decay=5e-4)
     elif optimizer == "nesterov":
@@ -538,6 +540,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
         "--model", choices=tuple(MODELS), default="lenet5-bn", help="part batches: the model"
+    )
+    parser.add_argument(
+        "--trust-exclude",
+        choices=("bias-norm", "none"),
+        default="bias-norm",
+        help="part batches: LARS's and LAMB's exclusion rule (none: every tensor takes the ratio)",
     )
     parser.add_argument("--parallel", type=int, default=2, help="runs side by side (part batches)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds (part precision)")

@@ -13,9 +13,11 @@
 #     bash benchmarks/gpu_large_batch.sh OUTDIR [SECONDS] [PARALLEL] [MODEL]
 #
 # PARALLEL (at least 2) runs share the GPU; the runs file's keys say one thread per worker,
-# which is what side-by-side runs use. The CNN's cells run in two sweeps side by side: the three
-# that decide the goal (the baseline at 256, momentum SGD and LARS at 8192) and the tuned
-# Nesterov and LAMB at 8192, each cell's grid at seed 0 then its other seeds.
+# which is what side-by-side runs use. The CNN's cells run in three sweeps side by side: the three
+# that decide the goal (the baseline at 256, momentum SGD and LARS at 8192), the tuned
+# Nesterov and LAMB at 8192, and LARS at 8192 with no exclusion (trust_exclude none: biases take
+# the ratio too; a table of its own, large_batch_cnn_30epochs_lars_all), each cell's grid at
+# seed 0 then its other seeds.
 # PYTHON picks the interpreter (default python3); the source tree is used in place.
 set -u
 out=${1:?usage: bash benchmarks/gpu_large_batch.sh OUTDIR [SECONDS] [PARALLEL] [MODEL]}
@@ -47,12 +49,17 @@ cnn)
   # 0.025, LAMB's 0.0225 at its grid's low edge); a grid whose best is at its edge is extended
   rates=lars:8192=1,nesterov:8192=0.025,lamb:8192=0.0225
   common=(--model cnn --batches 256,8192 --start-lr "$rates" --stem large_batch_cnn_30epochs)
+  third=$(( parallel / 3 > 1 ? parallel / 3 : 2 ))
   sweep "${common[@]}" --only momentum:256,momentum:8192,lars:8192 --seeds 3 \
-    --parallel $(( (parallel + 1) / 2 )) >"$out/goal.log" 2>&1 &
+    --parallel "$third" >"$out/goal.log" 2>&1 &
   sweep "${common[@]}" --only nesterov:8192,lamb:8192 --seeds 3 \
-    --parallel $(( parallel / 2 )) >"$out/tuned.log" 2>&1
+    --parallel "$third" >"$out/tuned.log" 2>&1 &
+  # LARS with every tensor under the ratio (biases included): its own table
+  sweep --model cnn --batches 256,8192 --start-lr lars:8192=1 --trust-exclude none \
+    --only lars:8192 --seeds 3 --parallel "$third" --stem large_batch_cnn_30epochs_lars_all \
+    >"$out/lars_all.log" 2>&1
   wait
-  cat "$out/goal.log" "$out/tuned.log"
+  cat "$out/goal.log" "$out/tuned.log" "$out/lars_all.log"
   ;;
 *) echo "MODEL must be lenet5-bn or cnn, got $model"; exit 2 ;;
 esac

@@ -39,6 +39,7 @@ LR_SCALINGS: dict[str, Callable[[float, float], float]] = {
     "sqrt-capped": lambda r, cap: min(math.sqrt(r), cap),
 }
 LR_BATCHES = ("global", "node", "worker")  # lr_batch: which batch counts (update_batch)
+TRUST_EXCLUDES = ("bias-norm", "none")  # trust_exclude: see TrainConfig
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class TrainConfig:
     nesterov: bool = False
     weight_decay: float = 0.0
     lars_eta: float = 0.001  # LARS's trust coefficient (--optimizer lars)
+    # LARS's and LAMB's exclusion rule: "bias-norm" (tensors of at most one dimension take
+    # neither the trust ratio nor weight decay, Jia et al. 2018) or "none" (every tensor takes both).
+    trust_exclude: str = "bias-norm"
     # The local update: "auto" (the method's own: momentum SGD for sync-sgd and local-sgd, plain
     # SGD for the EASGD workers, EAMSGD's Nesterov step for async-measgd, ...), a name (sgd, adam,
     # adamw) or an import path to a factory ``params -> torch.optim.Optimizer``.
@@ -287,10 +291,6 @@ class TrainConfig:
             f"fault_rank must be -1 (no fault) or a rank, got {self.fault_rank}",
         )
         _require(
-            self.compress in COMPRESSIONS,
-            f"compress must be one of {', '.join(COMPRESSIONS)}, got {self.compress!r}",
-        )
-        _require(
             self.ranks_per_node >= 0, f"ranks_per_node must be >= 0, got {self.ranks_per_node}"
         )
         if self.ranks_per_node:
@@ -306,10 +306,6 @@ class TrainConfig:
             self.workers % self.model_parallel == 0,
             f"model_parallel ({self.model_parallel}) must divide the {self.workers} workers "
             "(each model group takes that many ranks); choose workers as a multiple of it",
-        )
-        _require(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}")
-        _require(
-            self.fault_kind in FAULT_KINDS, f"fault_kind must be one of {', '.join(FAULT_KINDS)}"
         )
         if self.target_accuracy is not None:
             _require(
@@ -330,17 +326,12 @@ class TrainConfig:
         _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
         _require(self.lr_scale_max > 0, f"lr_scale_max must be > 0, got {self.lr_scale_max}")
         _require(self.async_base_workers >= 0, "async_base_workers must be >= 0 (0: no damping)")
-        _require(
-            self.lr_scaling in LR_SCALINGS,
-            f"lr_scaling must be {_one_of(LR_SCALINGS)}, got {self.lr_scaling!r}",
-        )
-        _require(
-            self.lr_batch in LR_BATCHES,
-            f"lr_batch must be {_one_of(LR_BATCHES)}, got {self.lr_batch!r}",
-        )
         if self.clip_grad_norm is not None:
             _require(self.clip_grad_norm > 0, "clip_grad_norm must be > 0")
         _require(self.lars_eta > 0, f"lars_eta must be > 0, got {self.lars_eta}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            _require(value in choices, f"{name} must be {_one_of(choices)}, got {value!r}")
         _require(self.lr_decay_every >= 0, "lr_decay_every must be >= 0")
         _require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
         _require(
@@ -348,10 +339,6 @@ class TrainConfig:
             f"label_smoothing must be in [0, 1), got {self.label_smoothing}",
         )
         _require(self.accumulate >= 1, f"accumulate must be >= 1, got {self.accumulate}")
-        _require(
-            self.precision in PRECISIONS,
-            f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}",
-        )
         _require(self.loss_scale > 0, "loss_scale must be > 0")
         _require(self.loss_scale_growth_interval >= 1, "loss_scale_growth_interval must be >= 1")
         _require(self.loss_scale_growth >= 1, "loss_scale_growth must be >= 1")
@@ -385,6 +372,18 @@ def _check_magnitudes(config: TrainConfig) -> None:
                 _require(ok, f"seed must be in [0, 2**63), got {value}")
             else:
                 _require(abs(value) <= MAX_COUNT, f"{field.name} must be below 2**40, got {value}")
+
+
+# The settings that take one of a few names.
+_CHOICES: dict[str, Iterable[str]] = {
+    "backend": BACKENDS,
+    "precision": PRECISIONS,
+    "compress": COMPRESSIONS,
+    "fault_kind": FAULT_KINDS,
+    "lr_scaling": LR_SCALINGS,
+    "lr_batch": LR_BATCHES,
+    "trust_exclude": TRUST_EXCLUDES,
+}
 
 
 def _one_of(names: Iterable[str]) -> str:

@@ -29,7 +29,7 @@ _MOMENTUM_HINT = {
 
 
 # what a user's own optimizer or schedule (an object, or an import path) sets for itself
-OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta")
+OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta", "trust_exclude")
 # the named optimizers whose rate is on another scale than the methods' SGD defaults, with what
 # the large-batch benchmark took (LeNet-5 with batch norm, Fashion-MNIST, 30 epochs)
 RATE_OF_THEIR_OWN = {
@@ -102,6 +102,8 @@ def ignored_settings(
             messages.append("lr_decay_power applies to --lr-schedule poly only")
         elif key == "lars_eta" and config.optimizer != "lars":
             messages.append("lars_eta applies to --optimizer lars only")
+        elif key == "trust_exclude" and config.optimizer not in ("lars", "lamb"):
+            messages.append("trust_exclude applies to --optimizer lars or lamb only")
         elif key == "parallel_plan" and config.model_parallel == 1:
             messages.append("parallel_plan applies with model_parallel > 1 only")
     rate_given = "lr" in set(given) or bool(config.resume)  # a resumed run's rate is its own

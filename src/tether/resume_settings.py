@@ -38,6 +38,7 @@ KEPT = (
     "nesterov",
     "weight_decay",
     "lars_eta",
+    "trust_exclude",
     "lr_base_batch",
     "lr_scaling",
     "lr_scale_max",

@@ -57,7 +57,9 @@ def test_overrides_check_keys_and_types() -> None:
         ({"momentum": 1.0}, "momentum must be in"),
         ({"bucket_mb": -1.0}, "bucket_mb must be >= 0"),
         ({"target_accuracy": 88.0}, "write 0.88"),
-        ({"backend": "mpi"}, "backend must be one of"),
+        ({"backend": "mpi"}, "backend must be auto, gloo or nccl, got 'mpi'"),
+        ({"precision": "fp8"}, "precision must be fp32, bf16 or fp16, got 'fp8'"),
+        ({"trust_exclude": "biases"}, "trust_exclude must be bias-norm or none, got 'biases'"),
         ({"target": "accuracy=0.9"}, "target must look like"),
         ({"target": "accuracy>=0.9", "target_accuracy": 0.9}, "not both"),
         ({"accumulate": 0}, "accumulate must be >= 1"),
@@ -116,7 +118,9 @@ def test_settings_a_method_ignores_are_named() -> None:
     assert ignored_settings(TrainConfig(method="async-msgd"), {"momentum", "staleness_bound"}) == []
     # LARS keeps a momentum: no warning that it has none
     lars = TrainConfig(method="sync-sgd", optimizer="lars")
-    assert ignored_settings(lars, {"momentum", "lr"}) == []
+    assert ignored_settings(lars, {"momentum", "lr", "trust_exclude"}) == []
+    (exclusion,) = ignored_settings(TrainConfig(optimizer="sgd"), {"trust_exclude"})
+    assert exclusion == "trust_exclude applies to --optimizer lars or lamb only"
     # ...but without a rate of its own it would take sync-sgd's SGD default, said in one line
     (rate,) = ignored_settings(lars, {"momentum"})
     assert rate.startswith("--optimizer lars takes sync-sgd's default rate") and "--lr" in rate

@@ -68,6 +68,16 @@ def test_named_optimizers_use_the_run_settings() -> None:
         NamedOptimizer("novograd", settings)
 
 
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_the_named_trust_ratio_optimizers_take_the_runs_exclusion_rule(name: str) -> None:
+    layer = torch.nn.Linear(3, 2)
+    default = NamedOptimizer(name, OptimizerSettings(lr=1.0))(layer.parameters())
+    assert default.exclude(layer.bias) and not default.exclude(layer.weight)  # Jia et al.'s
+    settings = OptimizerSettings(lr=1.0, trust_exclude="none")
+    none = NamedOptimizer(name, settings)(layer.parameters())
+    assert not none.exclude(layer.bias) and not none.exclude(layer.weight)
+
+
 def _rates(name: str, warmup: int, total: int, **kw: float) -> list[float]:
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)

@@ -19,6 +19,7 @@ from tether.errors import TetherError
 from tether.optim.lamb import LAMB
 from tether.optim.lars import LARS
 from tether.optim.lookahead_nesterov import LookaheadNesterov
+from tether.optim.trust import EXCLUSIONS
 from tether.registry import Registry
 
 Params = Iterable[torch.Tensor]
@@ -33,6 +34,7 @@ class OptimizerSettings:
     nesterov: bool = False
     weight_decay: float = 0.0
     lars_eta: float = 0.001
+    trust_exclude: str = "bias-norm"  # LARS's and LAMB's exclusion rule (trust.EXCLUSIONS)
 
     @staticmethod
     def of(config: TrainConfig) -> OptimizerSettings:
@@ -42,6 +44,7 @@ class OptimizerSettings:
             nesterov=config.nesterov,
             weight_decay=config.weight_decay,
             lars_eta=config.lars_eta,
+            trust_exclude=config.trust_exclude,
         )
 
 
@@ -81,13 +84,21 @@ def adamw(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
 
 
 def lars(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
-    """LARS with the run's momentum, weight decay and trust coefficient (``lars_eta``)."""
-    return LARS(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, eta=s.lars_eta)
+    """LARS with the run's momentum, weight decay, trust coefficient (``lars_eta``) and
+    exclusion rule (``trust_exclude``)."""
+    return LARS(
+        params,
+        lr=s.lr,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
+        eta=s.lars_eta,
+        exclude=EXCLUSIONS[s.trust_exclude],
+    )
 
 
 def lamb(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
-    """LAMB with the run's weight decay."""
-    return LAMB(params, lr=s.lr, weight_decay=s.weight_decay)
+    """LAMB with the run's weight decay and exclusion rule (``trust_exclude``)."""
+    return LAMB(params, lr=s.lr, weight_decay=s.weight_decay, exclude=EXCLUSIONS[s.trust_exclude])
 
 
 OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optimizer")

@@ -35,6 +35,10 @@ def _nothing(param: torch.Tensor) -> bool:
     return False
 
 
+# The rules by name (the run's ``trust_exclude``, for ``--optimizer lars`` and ``lamb``).
+EXCLUSIONS: dict[str, ExcludeRule | None] = {"bias-norm": is_bias_or_norm, "none": None}
+
+
 class TrustRatio:
     """The exclusion rule and the per-parameter norm reductions of a trust-ratio optimizer."""
 
