@@ -103,6 +103,7 @@ def main() -> None:
         epoch += 1
 
     center = ctx.eval_model()  # every worker calls it (it may communicate)
+    ctx.finish()  # before the evaluation: the run is over, its model stays usable
     if ctx.is_main:
         with torch.no_grad():
             x, y = test.tensors
@@ -113,7 +114,6 @@ def main() -> None:
         print(
             f"sync-easgd, {ctx.workers} workers, {step} steps: test accuracy {correct / 2000:.3f}"
         )
-    ctx.finish()
 
 
 if __name__ == "__main__":

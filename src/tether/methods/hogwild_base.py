@@ -171,6 +171,7 @@ class HogwildMethod(ServerMethod):
             # A resumed worker's first step takes the schedule's rate at the resumed step (the
             # board moves it only after each step).
             self.advance_schedule(step, resumed=True)
+            self.arm_end_watch()
             return shared
         token[0] = secrets.randbits(63)
         files = SharedFiles(run_id, int(token[0]))
@@ -248,7 +249,7 @@ class HogwildMethod(ServerMethod):
             state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
             self._log_losses(hooks, logged)
             for rank, why in stillness.check(state.local_steps, state.active).items():
-                self.server.give_up(rank, why)
+                self.server.give_up_silent(rank, why)
             global_step = state.global_step()
             if global_step != reported and not self.stopping:
                 reported = global_step

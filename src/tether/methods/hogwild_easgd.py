@@ -118,16 +118,17 @@ class HogwildEASGD(HogwildMethod):
             assert self.board is not None
             self.board[self.workers + self.worker_index()] += 1
             return
-        self.wire.send_message(
-            self.flat,
-            SERVER,
-            MessageKind.PARAMS,
-            step=self.local_step,
-            channel=EXCHANGE_CHANNEL,
-            loss=self.link.take_loss(),
-        )
         buffers = {MessageKind.DELTA: self._delta, MessageKind.STOP: self._stop}
-        msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+        with self.link.exchanging():
+            self.wire.send_message(
+                self.flat,
+                SERVER,
+                MessageKind.PARAMS,
+                step=self.local_step,
+                channel=EXCHANGE_CHANNEL,
+                loss=self.link.take_loss(),
+            )
+            msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
         if msg.header.kind is MessageKind.STOP:
             self.link.stop_requested = True
         else:
@@ -146,9 +147,10 @@ class HogwildEASGD(HogwildMethod):
                 flatten_parameters(self._center_copy, storage=self.center)
         if self.center is None and not self.link.stop_requested:
             empty = self._stop
-            self.wire.send_message(empty, SERVER, MessageKind.PULL, channel=EXCHANGE_CHANNEL)
             buffers = {MessageKind.PARAMS: torch.empty_like(self.flat), MessageKind.STOP: empty}
-            msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
+            with self.link.exchanging():
+                self.wire.send_message(empty, SERVER, MessageKind.PULL, channel=EXCHANGE_CHANNEL)
+                msg = self.wire.recv_message(buffers, src=SERVER, channel=EXCHANGE_CHANNEL)
             if msg.header.kind is MessageKind.STOP:
                 self.link.stop_requested = True
             else:
@@ -157,6 +159,7 @@ class HogwildEASGD(HogwildMethod):
         return self._center_copy
 
     def finish(self, totals: PhaseTotals | None) -> None:
+        self.disarm_end_watch()  # leaving on its own, before anything is sent
         if not self.is_server and not self.use_shared:
             # Releases this worker's server thread and tells it the final step count.
             self.wire.send_message(

@@ -24,8 +24,8 @@ from tether.comm.wire_setup import open_socket_wire
 from tether.errors import WorkerFailure
 from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
-from tether.methods.ps_server import WATCH_CHANNEL, ServerEndpoint
-from tether.methods.ps_worker import SERVER, WorkerEndpoint
+from tether.methods.ps_server import ServerEndpoint
+from tether.methods.ps_worker import WorkerEndpoint
 from tether.methods.server_end_watch import ServerEndWatch, supervised
 from tether.observe.metrics import PhaseTotals
 
@@ -150,11 +150,17 @@ class ServerMethod(TrainingMethod):
         else:
             self.link = WorkerEndpoint(self.wire, self.flat)
             self.link.on_sent = self.on_sent
-            if self.tolerates_worker_loss and not supervised():  # torchrun, mpiexec
-                wire = self.wire
-                self._end_watch = ServerEndWatch(
-                    lambda: wire.has_data(SERVER, WATCH_CHANNEL), self.transport.rank
-                )
+
+    def arm_end_watch(self) -> None:
+        """A worker that has joined, with no supervisor to end it should the run give it up
+        and finish without it (torchrun, mpiexec): :mod:`tether.methods.server_end_watch`."""
+        if not self.is_server and self.tolerates_worker_loss and not supervised():
+            self._end_watch = ServerEndWatch(self.link, self.transport.rank)
+
+    def disarm_end_watch(self) -> None:
+        if self._end_watch is not None:
+            self._end_watch.stop()
+            self._end_watch = None
 
     def keep_waiting(self) -> None:
         """Called by the serving thread between evaluation batches: the workers waiting for a
@@ -172,6 +178,7 @@ class ServerMethod(TrainingMethod):
             if not self.own_replica_restored:  # a worker resumed from its shard keeps its own
                 self.flat.copy_(initial)
             self.advance_schedule(step, resumed=True)  # a resumed run continues its schedule
+            self.arm_end_watch()
 
     def role(self) -> Role:
         return Role.SERVER if self.is_server else Role.WORKER
@@ -207,9 +214,8 @@ class ServerMethod(TrainingMethod):
         """The server's loop; returns when every worker has stopped or was lost."""
 
     def finish(self, totals: PhaseTotals | None) -> None:
+        self.disarm_end_watch()  # leaving on its own, before its wire closes
         if not self.is_server:
-            if self._end_watch is not None:  # leaving on its own, before its wire closes
-                self._end_watch.stop()
             self.link.goodbye(totals or PhaseTotals(), self.local_step)
             self.wire.close_after_sending()  # the server reads the goodbye, then the end
 

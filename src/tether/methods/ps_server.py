@@ -24,7 +24,9 @@ rightly wait a whole run. A worker that is alive but silent (hung) is noticed in
 first-come-first-served loop: once the server's reply to it was sent, it has
 ``silence_timeout_s`` to send its next message; a reply it does not read for that long (a stopped
 process) gives it up too. Replies never block the serving thread
-(:mod:`tether.methods.reply_lines`), so a stalled worker costs only itself.
+(:mod:`tether.methods.reply_lines`), so a stalled worker costs only itself. As serving ends, each
+worker given up as silent gets an END on its liveness channel, the one message ever sent there
+(:mod:`tether.methods.server_end_watch`: one with no supervisor then ends itself if it is stuck).
 """
 
 from __future__ import annotations
@@ -33,14 +35,15 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from tether.comm.header import DTYPE_CODES, MessageKind
 from tether.comm.messages import Message, MessageProtocol
 from tether.errors import TetherError
+from tether.methods.ps_state import ServerState, WorkerLost
 from tether.methods.reply_lines import LISTEN_TIMEOUT, ReplyLines
+from tether.methods.server_end_watch import say_given_up
 from tether.observe.metrics import PhaseTotals
 
 DATA_CHANNEL = 0
@@ -51,33 +54,6 @@ TOTALS_WORDS = 5  # PhaseTotals fields, float64
 # before it died (its data arrived before the end of its stream: reading it is local work, once
 # serving has begun).
 DRAIN_S = 5.0
-
-
-@dataclass(frozen=True)
-class WorkerLost:
-    rank: int
-    reason: str
-
-
-@dataclass
-class ServerState:
-    """What the server knows about its workers while it serves."""
-
-    workers: list[int]
-    local_steps: dict[int, int] = field(default_factory=dict)
-    stopped: set[int] = field(default_factory=set)
-    lost: dict[int, str] = field(default_factory=dict)
-    totals: PhaseTotals = field(default_factory=PhaseTotals)
-    # The sender of every data message, in the order the server took them (for tests and logs).
-    arrivals: list[int] = field(default_factory=list)
-
-    @property
-    def active(self) -> list[int]:
-        return [r for r in self.workers if r not in self.stopped and r not in self.lost]
-
-    def global_step(self) -> int:
-        """Local steps done by all workers, in units of one step of every worker."""
-        return sum(self.local_steps.values()) // max(len(self.workers), 1)
 
 
 class ServerEndpoint:
@@ -250,7 +226,7 @@ class ServerEndpoint:
         watch). Its later messages are ignored."""
         for rank, waited in self.lines.overdue(silence).items():
             reason = f"did not read the server's reply for {waited:.0f} s (hung or stopped?)"
-            self._mark_lost(WorkerLost(rank, reason))
+            self.give_up_silent(rank, reason)
         now = time.monotonic()
         for rank in self.state.active:
             reply = self.lines.last_completed(rank)  # heard after its post: an answer to it
@@ -258,7 +234,7 @@ class ServerEndpoint:
                 continue  # a reply is in flight, or we owe it one: it is waiting for us
             if now - reply[1] > silence:
                 reason = f"sent nothing for {now - reply[1]:.0f} s after the server's reply (hung?)"
-                self._mark_lost(WorkerLost(rank, reason))
+                self.give_up_silent(rank, reason)
 
     def poll(self, timeout: float) -> list[Message]:
         """For servers that exchange no data messages (Hogwild on shared memory): wait up to
@@ -340,6 +316,12 @@ class ServerEndpoint:
         """Count ``rank`` as lost (its later messages change nothing); the run goes on."""
         self._mark_lost(WorkerLost(rank, reason))
 
+    def give_up_silent(self, rank: int, reason: str) -> None:
+        """The same for a worker that fell silent (hung or stopped): it hears so at the end."""
+        if rank not in self.state.stopped and rank not in self.state.lost:
+            self.state.silent.add(rank)
+        self._mark_lost(WorkerLost(rank, reason))
+
     def _mark_lost(self, event: WorkerLost) -> None:
         if event.rank not in self.state.stopped and event.rank not in self.state.lost:
             self.state.lost[event.rank] = event.reason
@@ -353,6 +335,8 @@ class ServerEndpoint:
         for (_, rank), thread in self._threads.items():
             if rank in self.state.stopped:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        # the silent ones' last word: one with no supervisor ends itself if it is stuck
+        say_given_up(self.transport, sorted(self.state.silent), WATCH_CHANNEL)
         self.transport.close()
 
     # -- replies ---------------------------------------------------------------------------------

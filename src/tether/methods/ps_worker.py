@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import datetime
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -32,6 +34,43 @@ class WorkerEndpoint:
         self.on_sent: Callable[[int], None] | None = None
         self._loss_sum = 0.0  # the training losses since the last report (server's log)
         self._loss_steps = 0
+        # For the watch of a worker with no supervisor (tether.methods.server_end_watch): the
+        # main thread inside an exchange (which ends by its own timeout), or one that failed.
+        self.in_exchange = 0
+        self.failed = False
+
+    @contextlib.contextmanager
+    def exchanging(self) -> Iterator[None]:
+        """Around each of the main thread's exchanges with the server."""
+        self.in_exchange += 1
+        try:
+            yield
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            self.in_exchange -= 1
+
+    def server_spoke(self) -> bool:
+        """Whether the liveness channel has something to read: the server never writes there
+        but an END to a worker it gave up (or its connection ended)."""
+        return self.transport.has_data(SERVER, WATCH_CHANNEL)
+
+    def told_given_up(self) -> bool:
+        """Read the liveness channel (the watch's thread, the main thread never does): True for
+        the server's END, False for the end of the connection or anything else."""
+        end = torch.empty(0, dtype=torch.int64)
+        try:
+            msg = self.transport.recv_message(
+                end,
+                src=SERVER,
+                kinds=frozenset({MessageKind.STOP}),
+                channel=WATCH_CHANNEL,
+                timeout=datetime.timedelta(seconds=2),
+            )
+        except Exception:
+            return False
+        return msg.header.kind is MessageKind.STOP
 
     def note_loss(self, loss: float) -> None:
         """Count one local step's loss; the next exchange reports their mean to the server."""
@@ -52,18 +91,20 @@ class WorkerEndpoint:
             [self.params.numel(), DTYPE_CODES[self.params.dtype]], dtype=torch.int64
         )
         assert hello.numel() == HELLO_WORDS
-        self.transport.send_message(hello, SERVER, MessageKind.HELLO)
-        return self.exchange_reply()
+        with self.exchanging():
+            self.transport.send_message(hello, SERVER, MessageKind.HELLO)
+            return self.exchange_reply()
 
     def exchange(self, payload: torch.Tensor, kind: MessageKind, step: int) -> torch.Tensor | None:
         """Send ``payload`` (the flat weights or gradient) and return the server's reply, or
         None when the server asks this worker to stop (the target accuracy was reached)."""
-        self.transport.send_message(
-            payload, SERVER, kind, step=step, channel=DATA_CHANNEL, loss=self.take_loss()
-        )
-        if self.on_sent is not None:
-            self.on_sent(step)
-        reply = self.exchange_reply()
+        with self.exchanging():
+            self.transport.send_message(
+                payload, SERVER, kind, step=step, channel=DATA_CHANNEL, loss=self.take_loss()
+            )
+            if self.on_sent is not None:
+                self.on_sent(step)
+            reply = self.exchange_reply()
         return None if self.stop_requested else reply
 
     def exchange_reply(self) -> torch.Tensor:
@@ -83,8 +124,9 @@ class WorkerEndpoint:
         if self.stop_requested:
             return None
         empty = torch.empty(0, dtype=self.params.dtype)
-        self.transport.send_message(empty, SERVER, MessageKind.PULL, step, DATA_CHANNEL)
-        reply = self.exchange_reply()
+        with self.exchanging():
+            self.transport.send_message(empty, SERVER, MessageKind.PULL, step, DATA_CHANNEL)
+            reply = self.exchange_reply()
         return None if self.stop_requested else reply
 
     def goodbye(self, totals: PhaseTotals, step: int = 0) -> None:

@@ -1,54 +1,98 @@
-"""A parameter-server worker that outlives its run, with no supervisor to end it.
+"""A parameter-server worker given up and left behind, with no supervisor to end it.
 
-The asynchronous methods carry on without a hung worker: the server gives it up after
-``--timeout`` of silence and finishes with the others. Under ``tether launch`` (and
-``tether.fit``) the worker's supervisor then kills it. Under ``torchrun`` or ``mpiexec`` nobody
-does, and the launcher waits for its process for ever: the run has ended, but the job has not.
+The asynchronous methods carry on without a worker that falls silent: the server gives it up
+after ``--timeout`` and finishes with the others. Under ``tether launch --method`` (and
+``tether.fit``, ``tether train``) the worker's supervisor then ends it. Where nobody does
+(``torchrun``, ``mpiexec``, ``srun``, ``tether launch`` without ``--method``: no joined mark, see
+:mod:`tether.observe.joined`), a worker hung in its own loop (a stuck data loader, a deadlock)
+would keep the launcher waiting for its process for ever, the run long over.
 
-So a worker with no supervisor watches its liveness connection to the server (the server never
-writes on it; see :mod:`tether.methods.ps_server`): the server closes it once its serving is
-over. If the worker's own loop has not said goodbye ``GRACE_S`` after that (a healthy worker
-reads its stop and leaves within it), its loop is hung and the process exits on its own, saying
-so. It exits with status 0: the run it belonged to carried on without it, as the method
-promises, and a failing status would make ``torchrun`` stop the server while it still writes
-the run's results. A worker stopped by a signal (SIGSTOP) runs no thread and is not covered.
+So the server, as its serving ends, sends each worker it gave up an END on that worker's
+liveness channel (:func:`say_given_up`; nothing else is ever sent there), and a worker with no
+supervisor watches that channel on a thread of its own (:class:`ServerEndWatch`, armed once the
+worker has joined, disarmed by its goodbye). It ends its own process only when all of these
+hold ``GRACE_S`` after the END: the worker has not said goodbye (``ctx.finish()``), its main
+thread is alive and not inside one of Tether's own exchanges (which end by their own timeout
+and raise), and none of those exchanges has failed (the loop then knows and handles it). A bare
+end of the connection (the server failed, or this process closed it) is left to the main
+thread, which hears it at its next exchange.
+
+It exits with status 0: the run it belonged to carried on without it, as the method promises,
+and a failing status would make ``torchrun`` stop the server while it writes the run's results.
+Work a loop does after its last step and before ``ctx.finish()`` counts as the loop: a save or
+an evaluation longer than ``--timeout`` there gets the worker given up (call ``ctx.finish()``
+first). A worker stopped by a signal (SIGSTOP), or hung in native code that holds the
+interpreter's lock, runs no thread and is not covered.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
+import torch
+
+from tether.comm.header import MessageKind
+from tether.comm.messages import MessageProtocol
 from tether.observe.joined import JOINED_MARK_ENV
 
 GRACE_S = 5.0  # as the supervisor gives a worker that outlives the server (tether.launch)
 POLL_S = 0.5
+FLUSH_S = 1.0  # how long the leaving process waits for its buffered output
 
 
 def supervised() -> bool:
-    """Whether a supervisor of ours runs this process: it names a joined mark for every process
-    of a method that tolerates a lost worker (:mod:`tether.observe.joined`)."""
+    """Whether a supervisor of ours will end this process if the run gives it up: it names a
+    joined mark for every process of a method that tolerates a lost worker."""
     return bool(os.environ.get(JOINED_MARK_ENV))
 
 
+def say_given_up(wire: MessageProtocol, ranks: Iterable[int], channel: int) -> None:
+    """The server's last word to the workers it gave up, before it closes their connections: an
+    END on their liveness ``channel``. A worker that died meanwhile cannot read it (ignored)."""
+    end = torch.empty(0, dtype=torch.int64)
+    for rank in ranks:
+        with contextlib.suppress(Exception):
+            wire.send_message(end, rank, MessageKind.STOP, channel=channel)
+
+
+class WatchedLink(Protocol):
+    """What the watch reads of a worker's link to the server (``WorkerEndpoint``)."""
+
+    in_exchange: int  # how many of Tether's own exchanges the main thread is inside
+    failed: bool  # one of them raised: the loop knows its link is broken
+
+    def server_spoke(self) -> bool:
+        """Whether the liveness channel has something to read (a message, or its end)."""
+        ...
+
+    def told_given_up(self) -> bool:
+        """Read the liveness channel: True for the server's END, False for anything else."""
+        ...
+
+
 class ServerEndWatch:
-    """A daemon thread that ends this worker's process once the server has closed its
-    connections and the worker's loop has not finished ``grace_s`` later; :meth:`stop` (the
-    worker's goodbye) ends the watch."""
+    """A daemon thread that ends this worker's process once the server has given it up and
+    finished, if the worker's loop is stuck outside Tether (see the module docstring);
+    :meth:`stop` (the worker's goodbye) ends the watch."""
 
     def __init__(
         self,
-        server_closed: Callable[[], bool],
+        link: WatchedLink,
         rank: int,
         grace_s: float = GRACE_S,
         leave: Callable[[int], None] = os._exit,
+        main_alive: Callable[[], bool] = lambda: threading.main_thread().is_alive(),
     ) -> None:
-        self._server_closed = server_closed
+        self._link = link
         self._rank = rank
         self._grace_s = grace_s
         self._leave = leave
+        self._main_alive = main_alive
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="server-end-watch", daemon=True)
         self._thread.start()
@@ -56,21 +100,34 @@ class ServerEndWatch:
     def stop(self) -> None:
         """The worker is leaving on its own: end the watch (before its connections close)."""
         self._stopped.set()
-        self._thread.join()
+        self._thread.join(POLL_S + 2.0)  # it never waits on anything but the event and a read
 
     def _watch(self) -> None:
         while not self._stopped.wait(POLL_S):
-            if self._server_closed():
+            if self._link.server_spoke():
                 break
         else:
             return
-        if self._stopped.wait(self._grace_s) or not threading.main_thread().is_alive():
-            return  # said goodbye; or the process is already exiting (with its own status)
-        sys.stderr.write(
-            f"tether: worker rank {self._rank}: the parameter server has closed its connections "
-            f"(its serving is over; it had given this worker up as silent) and this worker's "
-            f"loop is still not done {self._grace_s:g} s later: it is hung, and the process "
-            "exits so that its launcher does not wait for it\n"
+        if not self._link.told_given_up() or self._stopped.wait(self._grace_s):
+            return
+        link = self._link
+        if link.in_exchange or link.failed or not self._main_alive():
+            return  # it ends by its exchange's own timeout, handles its failure, or is exiting
+        message = (
+            f"tether: worker rank {self._rank}: the parameter server gave this worker up (silent "
+            f"for --timeout) and has finished; {self._grace_s:g} s later its loop has still not "
+            "reached ctx.finish(): the process ends itself (status 0) so that its launcher "
+            "does not wait for it\n"
         )
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # not through sys.stderr: the stuck thread may hold it
+            os.write(2, message.encode())
+        flush = threading.Thread(target=_flush_output, daemon=True)
+        flush.start()
+        flush.join(FLUSH_S)  # what the loop printed, unless its own thread holds the stream
         self._leave(0)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
