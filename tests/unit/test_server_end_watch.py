@@ -5,6 +5,7 @@ Tether's own exchanges, and never once it said goodbye."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
@@ -15,7 +16,12 @@ from tether.comm.socket_wire import SocketWire, WireConnection
 from tether.methods import server_end_watch
 from tether.methods.ps_server import WATCH_CHANNEL, ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
-from tether.methods.server_end_watch import ServerEndWatch, say_given_up, supervised
+from tether.methods.server_end_watch import (
+    ServerEndWatch,
+    say_given_up,
+    supervised,
+    watch_wanted,
+)
 from tether.observe.joined import JOINED_MARK_ENV
 
 
@@ -81,13 +87,13 @@ def test_a_worker_the_watch_leaves_alone(state: str) -> None:
     link.end = state != "bare end"  # the server failed, or this process closed the connection
     link.in_exchange = int(state == "in an exchange")  # ends by its own timeout, and says why
     link.failed = state == "an exchange failed"  # the loop knows its link is broken
-    watch, leave = _watch(link, grace_s=1.0, alive=state != "exiting")
+    watch, leave = _watch(link, grace_s=0.5, alive=state != "exiting")
     link.spoke.set()
     if state == "goodbye in the grace":
-        time.sleep(0.3)
+        time.sleep(0.2)
         watch.stop()
-    assert not leave.called.wait(1.8)
-    watch.stop()
+    watch._thread.join(10)  # the watch ends on its own once it has decided
+    assert not watch._thread.is_alive() and not leave.called.is_set()
 
 
 def test_a_watch_stopped_before_the_server_ends_never_fires() -> None:
@@ -165,8 +171,53 @@ def test_an_exchange_that_raises_marks_the_link_failed() -> None:
     worker.close()
 
 
-def test_only_a_process_without_a_supervisor_watches(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_a_process_without_a_supervisor_or_mpi_watches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(JOINED_MARK_ENV, raising=False)
-    assert not supervised()  # torchrun, mpiexec, srun, tether launch without --method
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert not supervised() and watch_wanted()  # torchrun, srun, tether launch without --method
     monkeypatch.setenv(JOINED_MARK_ENV, "/tmp/marks/joined-rank-1")
-    assert supervised()  # tether launch --method, tether.fit: the supervisor ends it
+    assert supervised() and not watch_wanted()  # tether launch --method: the supervisor ends it
+    monkeypatch.delenv(JOINED_MARK_ENV)
+
+    class _MPI:  # mpi4py.MPI once tether.init has started MPI (mpiexec)
+        finalized = False
+
+        @staticmethod
+        def Is_initialized() -> bool:
+            return True
+
+        @classmethod
+        def Is_finalized(cls) -> bool:
+            return cls.finalized
+
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", _MPI)
+    assert not watch_wanted()  # an early exit would get every other rank killed
+    _MPI.finalized = True
+    assert watch_wanted()
+
+
+class _Lines:
+    """The reply lines as ``_lose_silent`` reads them: rank 1 never read its reply, rank 2
+    read it long ago and has sent nothing since."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def overdue(self, silence: float) -> dict[int, float]:
+        return {1: 9.0}
+
+    def last_completed(self, rank: int) -> tuple[float, float] | None:
+        return (self.now - 10.0, self.now - 9.0) if rank == 2 else None
+
+
+def test_both_kinds_of_silence_are_told_at_the_end() -> None:
+    server_wire, workers = _wires(3)
+    server = ServerEndpoint(server_wire, torch.zeros(3), silence_timeout_s=1.0)
+    server.lines = _Lines(time.monotonic())  # type: ignore[assignment]
+    server._lose_silent(1.0)
+    assert sorted(server.state.lost) == [1, 2] and server.state.silent == {1, 2}
+    server_wire.close()
+    for wire in workers:
+        wire.close()

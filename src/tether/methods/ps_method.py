@@ -26,7 +26,7 @@ from tether.methods.base import Backward, Role, StepTimes, TrainingMethod
 from tether.methods.flat import flatten_parameters
 from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
-from tether.methods.server_end_watch import ServerEndWatch, supervised
+from tether.methods.server_end_watch import ServerEndWatch, watch_wanted
 from tether.observe.metrics import PhaseTotals
 
 
@@ -153,8 +153,8 @@ class ServerMethod(TrainingMethod):
 
     def arm_end_watch(self) -> None:
         """A worker that has joined, with no supervisor to end it should the run give it up
-        and finish without it (torchrun, mpiexec): :mod:`tether.methods.server_end_watch`."""
-        if not self.is_server and self.tolerates_worker_loss and not supervised():
+        and finish without it (torchrun, srun): :mod:`tether.methods.server_end_watch`."""
+        if not self.is_server and self.tolerates_worker_loss and watch_wanted():
             self._end_watch = ServerEndWatch(self.link, self.transport.rank)
 
     def disarm_end_watch(self) -> None:

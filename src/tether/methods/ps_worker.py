@@ -102,8 +102,9 @@ class WorkerEndpoint:
             self.transport.send_message(
                 payload, SERVER, kind, step=step, channel=DATA_CHANNEL, loss=self.take_loss()
             )
-            if self.on_sent is not None:
-                self.on_sent(step)
+        if self.on_sent is not None:  # not an exchange: it ends by no timeout of ours
+            self.on_sent(step)
+        with self.exchanging():
             reply = self.exchange_reply()
         return None if self.stop_requested else reply
 

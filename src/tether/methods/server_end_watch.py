@@ -3,7 +3,7 @@
 The asynchronous methods carry on without a worker that falls silent: the server gives it up
 after ``--timeout`` and finishes with the others. Under ``tether launch --method`` (and
 ``tether.fit``, ``tether train``) the worker's supervisor then ends it. Where nobody does
-(``torchrun``, ``mpiexec``, ``srun``, ``tether launch`` without ``--method``: no joined mark, see
+(``torchrun``, ``srun``, ``mpiexec``, ``tether launch`` without ``--method``: no joined mark, see
 :mod:`tether.observe.joined`), a worker hung in its own loop (a stuck data loader, a deadlock)
 would keep the launcher waiting for its process for ever, the run long over.
 
@@ -18,11 +18,14 @@ end of the connection (the server failed, or this process closed it) is left to 
 thread, which hears it at its next exchange.
 
 It exits with status 0: the run it belonged to carried on without it, as the method promises,
-and a failing status would make ``torchrun`` stop the server while it writes the run's results.
+and a failing status would make ``torchrun`` stop the other ranks, a healthy worker still saving
+its results after its ``ctx.finish()`` (or a ``tether train`` server writing the run's) among them.
 Work a loop does after its last step and before ``ctx.finish()`` counts as the loop: a save or
 an evaluation longer than ``--timeout`` there gets the worker given up (call ``ctx.finish()``
 first). A worker stopped by a signal (SIGSTOP), or hung in native code that holds the
-interpreter's lock, runs no thread and is not covered.
+interpreter's lock, runs no thread and is not covered. Nor is a process that has started MPI
+(``tether.init`` under ``mpiexec``, :func:`mpi_running`): a rank that leaves early there, whatever
+its status, gets every other rank of the job killed by the launcher, which is worse than waiting.
 """
 
 from __future__ import annotations
@@ -119,15 +122,30 @@ class ServerEndWatch:
             "reached ctx.finish(): the process ends itself (status 0) so that its launcher "
             "does not wait for it\n"
         )
-        with contextlib.suppress(OSError):  # not through sys.stderr: the stuck thread may hold it
-            os.write(2, message.encode())
-        flush = threading.Thread(target=_flush_output, daemon=True)
-        flush.start()
-        flush.join(FLUSH_S)  # what the loop printed, unless its own thread holds the stream
+        # On a thread of its own, for at most FLUSH_S: the stuck thread may hold sys.stderr's
+        # lock (so the line goes straight to fd 2), and a full pipe would block the write.
+        say = threading.Thread(target=_say_and_flush, args=(message,), daemon=True)
+        say.start()
+        say.join(FLUSH_S)
         self._leave(0)
 
 
-def _flush_output() -> None:
-    for stream in (sys.stdout, sys.stderr):
+def _say_and_flush(message: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, message.encode())
+    for stream in (sys.stdout, sys.stderr):  # what the loop printed
         with contextlib.suppress(Exception):
             stream.flush()
+
+
+def mpi_running() -> bool:
+    """Whether this process has started MPI (``tether.init`` under ``mpiexec`` agrees on its
+    rendezvous through mpi4py): a process that then leaves without finalizing it makes
+    MPICH's and Open MPI's launchers kill every other rank of the job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and bool(mpi.Is_initialized()) and not bool(mpi.Is_finalized())
+
+
+def watch_wanted() -> bool:
+    """A worker with no supervisor to end it, whose early exit would harm nobody else."""
+    return not supervised() and not mpi_running()
