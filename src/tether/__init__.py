@@ -9,7 +9,8 @@ The public API::
     cal = tether.calibrate(model=..., train_data=..., loss=...)  # this machine, your model
     tether.predict(cal.workload, "sync-easgd", workers=4, profile=cal.profile)
 
-``tether.metrics`` holds the evaluation metrics (``tether.metrics.accuracy``); ``TrainConfig``
+``tether.metrics`` holds the evaluation metrics (``tether.metrics.accuracy``), ``tether.optim``
+the optimizers and schedules (``tether.optim.LARS``, ``LAMB``, ``linear_scaling``); ``TrainConfig``
 lists every option. The command line (``tether train``) is a thin layer over the same pieces.
 Names are loaded on first use, so ``import tether`` (and ``tether --help``) stays fast.
 """
@@ -23,7 +24,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
 
 if TYPE_CHECKING:
-    from tether import metrics
+    from tether import metrics, optim
     from tether.api.calibrate import Calibrated, calibrate
     from tether.api.context import Context
     from tether.api.fit import FitResult, fit
@@ -41,6 +42,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Context": ("tether.api.context", "Context"),
     "FitResult": ("tether.api.fit", "FitResult"),
     "metrics": ("tether.metrics", None),
+    "optim": ("tether.optim", None),
     "resolve_config": ("tether.catalog", "resolve_config"),
     "time_model": ("tether.api.perf", "time_model"),
     "calibrate": ("tether.api.calibrate", "calibrate"),
@@ -75,6 +77,7 @@ __all__ = [
     "init",
     "load_profile",
     "metrics",
+    "optim",
     "predict",
     "predict_scaling",
     "resolve_config",

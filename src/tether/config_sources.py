@@ -118,6 +118,11 @@ def held_batch_size(config: TrainConfig) -> int:
     return max(cap // workers, min(max(1, cap // HELD_WORKERS), config.batch_size))
 
 
+def _import_path(value: object) -> bool:
+    """``module:attr`` (tether.imports.is_import_path, for a value of any type)."""
+    return isinstance(value, str) and ":" in value
+
+
 def resolve_config(
     file: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -139,9 +144,12 @@ def resolve_config(
     method = given.get("method", config.method)
     if base is None and method_defaults is not None and isinstance(method, str):
         defaults = dict(method_defaults(method))
-        if "lr" in given or "lr_base_batch" in given:
+        own = [given.get(key) for key in ("optimizer", "lr_schedule")]
+        if "lr" in given or "lr_base_batch" in given or any(_import_path(v) for v in own):
             # The method's scaling, warm-up and clip are for its own rate: a rate given alone
-            # is taken as it is, and one given with a base batch scales by the user's rule.
+            # is taken as it is, and one given with a base batch scales by the user's rule. A
+            # user's own optimizer or schedule (an import path; tether.fit's objects likewise)
+            # sets its own rate.
             for key in OWN_RATE_KEYS:
                 defaults.pop(key, None)
         if "momentum" in given and "momentum" in defaults:

@@ -29,7 +29,17 @@ _MOMENTUM_HINT = {
 
 
 # what a user's own optimizer or schedule (an object, or an import path) sets for itself
-OWN_OPTIMIZER_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "lars_eta", "trust_exclude")
+OWN_OPTIMIZER_KEYS = (
+    "lr",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "lars_eta",
+    "trust_exclude",
+    "lr_base_batch",
+    "lr_scaling",
+    "lr_scale_max",
+)
 # the named optimizers whose rate is on another scale than the methods' SGD defaults, with what
 # the large-batch benchmark took (LeNet-5 with batch norm, Fashion-MNIST, 30 epochs)
 RATE_OF_THEIR_OWN = {

@@ -479,3 +479,17 @@ def test_a_two_level_rate_takes_the_launchers_node_size() -> None:
     assert given.on_nodes_of(2) is given  # a node size given is kept
     global_rate = dataclasses.replace(config, lr_batch="global")
     assert global_rate.on_nodes_of(2) is global_rate  # only a node's rate needs it
+
+
+def test_an_import_path_optimizer_or_schedule_sets_its_own_rate() -> None:
+    # Before, `tether train --optimizer mypkg.opt:build` took the method's clip at 2 and its
+    # warm-up (only --lr dropped them), where tether.fit with the same factory took neither.
+    named = resolve_config(None, {"method": "sync-sgd"}, None, method_defaults)
+    assert (named.clip_grad_norm, named.warmup_epochs) == (2.0, 0.5)  # the method's own
+    for key in ("optimizer", "lr_schedule"):
+        own = resolve_config(
+            None, {"method": "sync-sgd", key: "mypkg.opt:build"}, None, method_defaults
+        )
+        assert (own.clip_grad_norm, own.warmup_epochs, own.lr_base_batch) == (None, 0.0, 0), key
+    (scaling,) = ignored_settings(TrainConfig(optimizer="mypkg.opt:build"), {"lr_base_batch"})
+    assert scaling == "lr_base_batch has no effect: your own optimizer sets its own"

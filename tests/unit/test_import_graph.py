@@ -8,6 +8,8 @@ leaves, observe does not reach the transport, methods do not read the launcher's
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import tether
@@ -162,3 +164,11 @@ def test_the_performance_model_imports_nothing_that_runs() -> None:
             if isinstance(node, ast.ImportFrom) and not node.level
         }
         assert "torch" not in imported, path
+
+
+def test_the_documented_subpackages_need_no_import_of_their_own() -> None:
+    # docs/large_batch.md writes tether.optim.LARS after a plain `import tether`: before, that
+    # was an AttributeError in a fresh interpreter (it worked once tether.init had loaded it).
+    code = "import tether; print(tether.optim.LARS.__name__, tether.metrics.accuracy.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.split() == ["LARS", "accuracy"], done.stderr
