@@ -15,6 +15,7 @@ from typing import Any
 
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.imports import is_import_path
 
 
 def field_names() -> list[str]:
@@ -105,6 +106,29 @@ OWN_RATE_KEYS = (
 )
 
 
+# what a user's own optimizer or schedule (an object, or an import path) sets for itself: the
+# run's values for them go unused (tether.ignored_settings), and a resume may change them
+# (tether.resume_settings)
+OWN_OPTIMIZER_KEYS = (
+    "lr",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "lars_eta",
+    "trust_exclude",
+    "lr_base_batch",
+    "lr_scaling",
+    "lr_scale_max",
+)
+OWN_SCHEDULE_KEYS = (
+    "warmup_steps",
+    "warmup_epochs",
+    "lr_decay_every",
+    "lr_decay",
+    "lr_decay_power",
+)
+
+
 HELD_WORKERS = 8  # global_batch_max is held up to this many workers, then grows with them
 
 
@@ -116,11 +140,6 @@ def held_batch_size(config: TrainConfig) -> int:
     if not cap or config.batch_size * workers <= cap:
         return config.batch_size
     return max(cap // workers, min(max(1, cap // HELD_WORKERS), config.batch_size))
-
-
-def _import_path(value: object) -> bool:
-    """``module:attr`` (tether.imports.is_import_path, for a value of any type)."""
-    return isinstance(value, str) and ":" in value
 
 
 def resolve_config(
@@ -145,7 +164,8 @@ def resolve_config(
     if base is None and method_defaults is not None and isinstance(method, str):
         defaults = dict(method_defaults(method))
         own = [given.get(key) for key in ("optimizer", "lr_schedule")]
-        if "lr" in given or "lr_base_batch" in given or any(_import_path(v) for v in own):
+        own_rate = any(isinstance(v, str) and is_import_path(v) for v in own)
+        if "lr" in given or "lr_base_batch" in given or own_rate:
             # The method's scaling, warm-up and clip are for its own rate: a rate given alone
             # is taken as it is, and one given with a base batch scales by the user's rule. A
             # user's own optimizer or schedule (an import path; tether.fit's objects likewise)

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterable
 
 from tether.config import TrainConfig
+from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
 from tether.training.build import uses_momentum
@@ -28,31 +29,12 @@ _MOMENTUM_HINT = {
 }
 
 
-# what a user's own optimizer or schedule (an object, or an import path) sets for itself
-OWN_OPTIMIZER_KEYS = (
-    "lr",
-    "momentum",
-    "nesterov",
-    "weight_decay",
-    "lars_eta",
-    "trust_exclude",
-    "lr_base_batch",
-    "lr_scaling",
-    "lr_scale_max",
-)
 # the named optimizers whose rate is on another scale than the methods' SGD defaults, with what
 # the large-batch benchmark took (LeNet-5 with batch norm, Fashion-MNIST, 30 epochs)
 RATE_OF_THEIR_OWN = {
     "lars": "16-32",
     "lamb": "0.064-0.128",
 }
-OWN_SCHEDULE_KEYS = (
-    "warmup_steps",
-    "warmup_epochs",
-    "lr_decay_every",
-    "lr_decay",
-    "lr_decay_power",
-)
 
 
 def own_component_keys(config: TrainConfig, supplied: Iterable[str] = ()) -> set[str]:

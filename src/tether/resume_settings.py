@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import TrainConfig
-from tether.config_sources import apply_overrides, load_toml
+from tether.config_sources import (
+    OWN_OPTIMIZER_KEYS,
+    OWN_SCHEDULE_KEYS,
+    apply_overrides,
+    load_toml,
+)
 from tether.errors import TetherError
 
 # The settings a checkpoint was made under, by what they define. Not here: method, model,
@@ -33,25 +38,13 @@ from tether.errors import TetherError
 KEPT = (
     # the optimizer and its rate (its param groups and state in the checkpoint)
     "optimizer",
-    "lr",
-    "momentum",
-    "nesterov",
-    "weight_decay",
-    "lars_eta",
-    "trust_exclude",
-    "lr_base_batch",
-    "lr_scaling",
-    "lr_scale_max",
+    *OWN_OPTIMIZER_KEYS,
     "lr_batch",
     "async_base_workers",
     "global_batch_max",
     # the schedule (its base rates and position in the checkpoint)
     "lr_schedule",
-    "warmup_steps",
-    "warmup_epochs",
-    "lr_decay_every",
-    "lr_decay",
-    "lr_decay_power",
+    *OWN_SCHEDULE_KEYS,
     # the gradient an update takes (the loss scale in the checkpoint; the batch of an update)
     "loss",
     "label_smoothing",
