@@ -20,6 +20,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
 from tether.train_options import add_train_options, config_from_args, given_values
+from tether.words import counted
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -37,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         task_from_config,
         uses_import_paths,
     )
-    from tether.ignored_settings import warn_ignored
+    from tether.ignored_settings import warn_ignored, warn_long_warmup
     from tether.methods import METHODS
     from tether.observe.summary import run_summary_text
     from tether.runner import launch_training
@@ -52,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Fail on missing or corrupt data here, in one line, before any worker starts; the user's
     # own components also get a dry run on two samples (a loss that returns a vector, a model
     # that does not fit the data).
-    check_data(config)
+    samples = check_data(config)
     check_launch(config)
     check_stop_at_target(config)
     model = None
@@ -62,12 +63,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         METHODS.get(config.method).check_model(model)  # e.g. one dtype
         probe_task(task, model=model, target=config.target_spec, config=config)
         check_plan_on_model(config, model)  # every layer the plan splits, before launch
+        samples = len(task.train_data)  # type: ignore[arg-type]  # probe_task: map-style
+    if samples is not None:
+        warn_long_warmup(config, samples)
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
     check_run_dir(config, args.overwrite, model if config.resume else None)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(
-        f"tether: {config.method} on {config.workers} workers{groups} ({processes} processes), "
+        f"tether: {config.method} on {counted(config.workers, 'worker')}{groups} "
+        f"({counted(processes, 'process')}), "
         f"{batch_text(config, set(given))}, {config.model} / {config.dataset}, "
         f"run directory {config.out}",
         file=sys.stderr,

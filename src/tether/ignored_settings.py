@@ -10,13 +10,18 @@ from collections.abc import Iterable
 
 from tether.config import TrainConfig
 from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
+from tether.errors import TetherError
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
-from tether.training.build import uses_momentum
+from tether.training.build import steps_per_epoch, uses_momentum
 
 
 class IgnoredSettingWarning(UserWarning):
     """A setting that has no effect with the chosen method (or components)."""
+
+
+class LongWarmupWarning(UserWarning):
+    """A warm-up as long as the run: the rate never reaches the one asked for."""
 
 
 _MOMENTUM_HINT = {
@@ -103,7 +108,7 @@ def ignored_settings(
         # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two
         # orders of magnitude off for LARS (eta scales it) and one for LAMB.
         messages.append(
-            f"--optimizer {config.optimizer} takes {config.method}'s default rate {config.lr:g}, "
+            f"--optimizer {config.optimizer} takes {config.method}'s default rate {config.scaled_lr:g}, "
             f"tuned for SGD: give --lr (the large-batch benchmark's best were "
             f"{RATE_OF_THEIR_OWN[config.optimizer]} at batches 4096-16384, docs/large_batch.md)"
         )
@@ -115,3 +120,32 @@ def warn_ignored(
 ) -> None:
     for message in ignored_settings(config, given, supplied):
         warnings.warn(message, IgnoredSettingWarning, stacklevel=stacklevel + 1)
+
+
+def long_warmup(config: TrainConfig, samples: int, supplied: Iterable[str] = ()) -> str | None:
+    """A message when the named schedule's warm-up is not shorter than the run of ``samples``
+    training samples: the rate then rises for the whole run and never reaches ``lr`` (Goyal et
+    al. 2017 warm up for 5 of 90 epochs). Only ``warmup_steps`` can do this: the part given in
+    epochs is cut to a quarter of the run (``NamedSchedule``)."""
+    if not config.warmup_steps or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
+        return None
+    try:
+        per_epoch = steps_per_epoch(config, samples, config.data_workers)
+    except TetherError:
+        return None  # no step to take: refused elsewhere, in its own words
+    total = config.steps or config.epochs * per_epoch
+    warmup = config.warmup_steps + min(round(config.warmup_epochs * per_epoch), total // 4)
+    if warmup < total:
+        return None
+    return (
+        f"the warm-up ({warmup} steps) is not shorter than the run ({total} steps): the rate "
+        f"rises for the whole run and ends at {total / warmup:.0%} of lr; lower --warmup-steps"
+    )
+
+
+def warn_long_warmup(
+    config: TrainConfig, samples: int, supplied: Iterable[str] = (), stacklevel: int = 2
+) -> None:
+    message = long_warmup(config, samples, supplied)
+    if message:
+        warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)

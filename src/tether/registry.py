@@ -18,12 +18,15 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """An ordered map from a user-visible name to a component (usually a builder).
 
-    ``kind`` is the word used in error messages ("method", "model", ...).
+    ``kind`` is the word used in error messages ("method", "model", ...); ``also`` lists names
+    the caller accepts besides the registered ones (``auto`` for the optimizer: the method's own
+    step), so that an error lists every choice a user has.
     """
 
-    def __init__(self, kind: str, plural: str | None = None) -> None:
+    def __init__(self, kind: str, plural: str | None = None, also: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.plural = plural or f"{kind}s"
+        self.also = also
         self._items: dict[str, T] = {}
         self._help: dict[str, str] = {}
 
@@ -43,7 +46,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            valid = ", ".join(self._items)
+            valid = ", ".join([*self._items, *self.also])
             raise TetherError(
                 f"unknown {self.kind} {name!r}; valid {self.plural}: {valid}"
             ) from None

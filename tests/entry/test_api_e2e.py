@@ -328,6 +328,25 @@ def test_a_setting_the_method_ignores_is_named(tmp_path: Path) -> None:
     assert "warning: sync-easgd ignores staleness_bound (it applies to async-sgd" in result.stderr
 
 
+@requires_fashion_mnist
+def test_a_warm_up_longer_than_the_run_is_named(tmp_path: Path) -> None:
+    """Through the CLI and tether.fit, before launch (a run directory that holds a run stops
+    both right after: nothing is started)."""
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "summary.json").write_text("{}")
+    result = run_cli("train", "--warmup-steps", "100", "--steps", "40", "--out", str(held))
+    assert result.returncode == 2 and "holds a run" in result.stderr
+    assert (
+        "warning: the warm-up (100 steps) is not shorter than the run (40 steps): the rate "
+        "rises for the whole run and ends at 40% of lr" in result.stderr
+    )
+    train, _ = data()
+    warned = pytest.warns(UserWarning, match=r"the warm-up \(60 steps\).*run \(30 steps\)")
+    with warned, pytest.raises(TetherError, match="holds a run"):
+        tether.fit(model=Tiny, train_data=train, steps=30, warmup_steps=60, out=held)
+
+
 # -- tether launch and the examples ----------------------------------------------------------------
 LOSING_SCRIPT = """
 import os, signal, sys

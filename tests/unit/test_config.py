@@ -16,7 +16,7 @@ from tether.catalog import resolve_config as catalog_resolve
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
-from tether.ignored_settings import IgnoredSettingWarning, ignored_settings
+from tether.ignored_settings import IgnoredSettingWarning, ignored_settings, long_warmup
 from tether.methods import METHODS
 from tether.methods.default_rates import damped_step, describe_rate
 from tether.targets import Target, parse_target, target_text
@@ -109,6 +109,25 @@ def test_method_defaults_apply_under_the_file_and_the_overrides(tmp_path: Path) 
     assert catalog_resolve(file, {}).tau == 4
 
 
+def test_a_warm_up_as_long_as_the_run_is_named() -> None:
+    """The rate would rise for the whole run and never reach lr: said with the run's length
+    (1000 samples, 2 workers x 10 x accumulate 2: 25 steps an epoch, 2 epochs)."""
+    config = TrainConfig(method="sync-sgd", workers=2, batch_size=10, accumulate=2, epochs=2)
+    too_long = dataclasses.replace(config, warmup_steps=50)
+    assert long_warmup(too_long, 1000) == (
+        "the warm-up (50 steps) is not shorter than the run (50 steps): the rate rises for the "
+        "whole run and ends at 100% of lr; lower --warmup-steps"
+    )
+    # the part in epochs counts, cut to a quarter of the run as the schedule cuts it
+    both = dataclasses.replace(config, warmup_steps=40, warmup_epochs=5.0)
+    assert "the warm-up (52 steps)" in str(long_warmup(both, 1000))
+    assert "ends at 50% of lr" in str(long_warmup(dataclasses.replace(too_long, steps=25), 1000))
+    assert long_warmup(dataclasses.replace(config, warmup_steps=49), 1000) is None
+    assert long_warmup(dataclasses.replace(config, warmup_epochs=8.0), 1000) is None
+    # the user's own schedule is the whole schedule: warmup_steps is not used (said elsewhere)
+    assert long_warmup(too_long, 1000, supplied=["lr_schedule"]) is None
+
+
 def test_settings_a_method_ignores_are_named() -> None:
     messages = ignored_settings(TrainConfig(method="sync-easgd"), {"momentum", "lr"})
     assert len(messages) == 1 and "sync-easgd ignores momentum" in messages[0]
@@ -129,6 +148,11 @@ def test_settings_a_method_ignores_are_named() -> None:
     resumed = TrainConfig(method="sync-sgd", optimizer="lars", lr=16.0, resume=True)
     assert ignored_settings(resumed, {"momentum"}) == []
     assert "--optimizer lamb takes sync-easgd's default rate" in rate
+    # the rate quoted is the one the run takes (scaled with the batch), not the reference rate
+    two = catalog_resolve(overrides={"method": "sync-easgd", "optimizer": "lars", "workers": 2})
+    assert two.scaled_lr != two.lr
+    (rate,) = ignored_settings(two, set())
+    assert f"default rate {two.scaled_lr:g}, tuned for SGD" in rate
     # the user's own optimizer and schedule take none of the named ones' settings
     own = {"lr", "momentum", "warmup_steps", "lr_decay_power"}
     messages = ignored_settings(TrainConfig(method="sync-sgd"), own, ["optimizer", "lr_schedule"])

@@ -43,7 +43,7 @@ from tether.catalog import (
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
 from tether.errors import TetherError
-from tether.ignored_settings import own_component_keys, warn_ignored
+from tether.ignored_settings import own_component_keys, warn_ignored, warn_long_warmup
 from tether.methods import METHODS
 from tether.resume_settings import check_kept, saved_config
 from tether.runner import launch_training
@@ -145,6 +145,7 @@ def fit(
     check_plan_on_model(config, model)
     if isinstance(task.train_data, Sized):
         check_global_batch(config, len(task.train_data))
+        warn_long_warmup(config, len(task.train_data), supplied)
     run_dir = Path(str(config.out))
     # before the task is written: nothing to undo (a resumed checkpoint against the model)
     check_run_dir(config, overwrite, model if config.resume else None)

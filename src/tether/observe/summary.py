@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tether.words import counted
+
 REQUIRED_FIELDS = (
     "method",
     "workers",
@@ -71,7 +73,7 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     grid = int(summary.get("model_parallel") or 1)
     groups = f" (model groups of {grid})" if grid > 1 else ""
     lines = [
-        f"{summary['method']} on {summary['workers']} workers{groups}, {summary['model']} / "
+        f"{summary['method']} on {counted(summary['workers'], 'worker')}{groups}, {summary['model']} / "
         f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
         _metrics_line(summary),
         f"  wall time {summary['wall_time_s']:.1f} s  ({summary['samples_per_s']:.0f} samples/s)",

@@ -101,7 +101,7 @@ def lamb(params: Params, s: OptimizerSettings) -> torch.optim.Optimizer:
     return LAMB(params, lr=s.lr, weight_decay=s.weight_decay, exclude=EXCLUSIONS[s.trust_exclude])
 
 
-OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optimizer")
+OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optimizer", also=("auto",))
 # The local steps methods use when the user names no optimizer (``TrainingMethod.local_step_name``).
 LOCAL_STEPS: dict[str, OptimizerBuilder] = {
     "sgd": sgd,
