@@ -1,5 +1,6 @@
-"""A hung worker of an asynchronous method under torchrun, which has no supervisor of ours: the
-run goes on without it, and torchrun must not wait for its process afterwards."""
+"""Hung ranks under torchrun, which has no supervisor of ours: a hung worker of an asynchronous
+method is left behind and torchrun must not wait for its process afterwards; a server hung after
+its workers finished fails the run naming it."""
 
 from __future__ import annotations
 
@@ -38,6 +39,25 @@ ctx.finish()
 """
 
 
+def _torchrun(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
+    """``torchrun --nproc-per-node 3 ARGV`` in ``cwd`` (on the path): status, stdout, stderr and
+    seconds; every process of it ended, whatever happens (a session of its own)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
+    torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", *argv]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        torchrun, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        start_new_session=True,  # so that a hung rank is ended with torchrun if this fails
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, stdout, stderr, time.monotonic() - started
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["async-sgd", "hogwild-sgd"])
 def test_a_hung_worker_does_not_keep_torchrun_waiting(tmp_path: Path, method: str) -> None:
@@ -46,23 +66,63 @@ def test_a_hung_worker_does_not_keep_torchrun_waiting(tmp_path: Path, method: st
     # worker's watch, which ends the process with status 0.
     script = tmp_path / "script.py"
     script.write_text(HANGING_WORKER_SCRIPT)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", str(script), method]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        torchrun, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,  # so that a hung rank is ended with torchrun if this fails
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    took = time.monotonic() - started
-    assert proc.returncode == 0, stderr[-3000:]
+    code, stdout, stderr, took = _torchrun([str(script), method], tmp_path)
+    assert code == 0, stderr[-3000:]
     assert "worker rank 2 hangs" in stdout
     assert "worker rank 1 finished" in stdout, stdout
     assert "tether: worker rank 2 was lost" in stderr, stderr[-3000:]  # the server's report
     assert "worker rank 2: the parameter server gave this worker up" in stderr, stderr[-3000:]
     assert "worker rank 1: the parameter server" not in stderr  # the healthy one left by itself
     assert took < 60, took  # start-up, the 5 s timeout, the 5 s grace
+
+
+# The user's components for `torchrun -m tether.run`: the evaluation set's reads past its first
+# sample (which the server reads at its start) never return, as on a stuck mount. With one
+# evaluation at the end, the server hangs once every worker has finished.
+STUCK_EVALUATION_MODULE = """
+import time
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+
+class StuckEval(Dataset):
+    def __init__(self):
+        self.x = torch.randn(48, 6, generator=torch.Generator().manual_seed(1))
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        if i > 0:
+            time.sleep(10**6)
+        return self.x[i], self.y[i]
+
+
+def load():
+    x = torch.randn(1024, 6, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x, (x[:, 0] > 0).long()), StuckEval()
+
+
+def net():
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+"""
+
+
+@pytest.mark.slow
+def test_a_server_hung_after_its_workers_finished_fails_the_torchrun_run(tmp_path: Path) -> None:
+    # Before: torchrun waited for the hung server for ever (its supervisor's watch exists under
+    # tether train and tether.fit only). Now it watches itself once its serving is over.
+    (tmp_path / "stuck.py").write_text(STUCK_EVALUATION_MODULE)
+    train = ["--model", "stuck:net", "--dataset", "stuck:load", "--steps", "10"]
+    train += ["--batch-size", "16", "--eval-every", "1000", "--timeout", "3", "--no-progress"]
+    code, _, stderr, took = _torchrun(
+        ["-m", "tether.run", "--method", "async-sgd", *train], tmp_path
+    )
+    assert code == 1, stderr[-3000:]
+    said = "tether: server rank 0 stopped answering after every worker had finished: its pulse"
+    assert said in stderr, stderr[-3000:]
+    assert "in __getitem__" in stderr and "time.sleep(10**6)" in stderr  # where it hung
+    assert not list(tmp_path.glob("runs/*/summary.json"))  # no results from the hung evaluation
+    assert took < 45, took  # start-up, 10 steps, then the 3 s timeout

@@ -30,7 +30,7 @@ from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.joined import mark_joined
 from tether.observe.metrics import PhaseTotals
-from tether.observe.pulse_mark import beat, start_pulse
+from tether.observe.pulse_mark import start_pulse, stop_watching, watch_self
 from tether.parallel import is_parallel, parallelize, parse_plan
 from tether.precision import Precision
 from tether.training.method_optimizer import MethodOptimizer
@@ -168,11 +168,12 @@ class Context:
     def _serve_and_exit(self, method: TrainingMethod) -> None:
         start_pulse(self.config.timeout_s)  # for its supervisor, once the workers have finished
         result = method.serve(_ServeToTheEnd())
-        beat()
+        watch_self(f"server rank {self.rank}", self.config.timeout_s)  # with no supervisor
         for rank, reason in sorted(result.lost_workers.items()):
             print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
         self.finished = True
         shut_down_process_group()
+        stop_watching()
         raise SystemExit(0)
 
     def sampler(

@@ -9,6 +9,13 @@ then holds its ``--timeout``), before each evaluation batch, around a save, and 
 serving ends. The supervisor gives the server up once every worker is done and the file's time
 has stood still for that timeout, as a worker gives up a server it hears nothing from.
 
+Under a launcher with no supervisor of ours (``torchrun -m tether.run``, ``srun``, ``mpiexec``,
+a script on ``tether.init``) no file is named, and the launcher would wait for a hung server for
+ever. There the server watches its own beats once its serving is over (:func:`watch_self`, a
+daemon thread): when they stand still for the timeout it says so on stderr with its threads'
+stacks and ends its process with status 1, so that the launcher fails the run naming it, as
+the supervisor would.
+
 Standard library only (and tether.observe.files, which is too): the supervisor imports it.
 """
 
@@ -17,6 +24,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+import threading
+import time
+import traceback
 from pathlib import Path
 
 from tether.observe.files import atomic_write_text
@@ -29,9 +40,19 @@ def _path() -> Path | None:
     return Path(path) if path else None
 
 
+class _Beats:
+    """This process's last beat (``time.monotonic()``) and the number of its self-watch (a
+    watch ends when the number moves on: :func:`stop_watching`)."""
+
+    last = 0.0
+    watch = 0
+
+
 def start_pulse(timeout_s: float) -> None:
     """The server has joined its run: write the file, holding the seconds its pulse may stand
-    still (the run's ``--timeout``), if the supervisor named one."""
+    still (the run's ``--timeout``), if the supervisor named one. A self-watch left from an
+    earlier run in this process ends: while it serves, the server's workers watch it."""
+    stop_watching()
     path = _path()
     if path is not None:
         with contextlib.suppress(OSError):
@@ -39,7 +60,8 @@ def start_pulse(timeout_s: float) -> None:
 
 
 def beat() -> None:
-    """The server is at work: move the file's time (nothing if there is no file)."""
+    """The server is at work: move the file's time (if there is a file) and the self-watch's."""
+    _Beats.last = time.monotonic()
     path = _path()
     if path is not None:
         with contextlib.suppress(OSError):
@@ -55,3 +77,50 @@ def read_pulse(path: Path) -> tuple[float, float] | None:
     except (OSError, ValueError):
         return None
     return (beaten, timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else None
+
+
+def watch_self(who: str, timeout_s: float) -> None:
+    """The serving is over and no supervisor watches this process (no file named): end it,
+    saying why, if its beats stand still for ``timeout_s`` from now on (``who``: "server rank
+    0"). Stops with :func:`stop_watching` (the trainer's run is over, results written; a new
+    :func:`start_pulse`) or with the process."""
+    if _path() is not None or not (math.isfinite(timeout_s) and timeout_s > 0):
+        return
+    beat()
+    _Beats.watch += 1
+    threading.Thread(
+        target=_watch, args=(who, timeout_s, _Beats.watch), name="tether-self-watch", daemon=True
+    ).start()
+
+
+def stop_watching() -> None:
+    """The run is over (or a new one serves): the self-watch, if any, ends without a word."""
+    _Beats.watch += 1
+
+
+def _watch(who: str, timeout_s: float, number: int) -> None:
+    while _Beats.watch == number:
+        still = time.monotonic() - _Beats.last
+        if still >= timeout_s:
+            print(
+                f"tether: {who} stopped answering after every worker had finished: its pulse "
+                f"(its final evaluation, saving the results) stood still for "
+                f"{still:.0f} s (--timeout {timeout_s:g} s); it ends with status 1 (its threads' "
+                "stacks follow)",
+                file=sys.stderr,
+                flush=True,
+            )
+            _print_other_stacks()
+            os._exit(1)  # the main thread is stuck: no exception would reach it
+        time.sleep(min(timeout_s - still, 1.0))
+
+
+def _print_other_stacks() -> None:
+    """Where every thread but this watch is, as a traceback prints it (the main thread: where
+    the server is stuck)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if ident != threading.get_ident():
+            stack = "".join(traceback.format_stack(frame))
+            print(f"thread {names.get(ident, ident)}:\n{stack}", file=sys.stderr, end="")
+    sys.stderr.flush()

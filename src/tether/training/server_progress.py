@@ -17,7 +17,7 @@ import torch
 from tether.config import TrainConfig
 from tether.observe.metrics import MetricsLog
 from tether.observe.progress import progress_bar
-from tether.observe.pulse_mark import beat
+from tether.observe.pulse_mark import beat, watch_self
 from tether.targets import Target
 from tether.training.run_record import RunRecord
 
@@ -131,10 +131,11 @@ class ServerProgress:
         every = config.checkpoint_every
         self.next_checkpoint = next_multiple(start, every) if every else None
 
-    def close(self) -> None:
-        """The serving is over: its final work begins, which only its supervisor watches."""
+    def close(self, rank: int) -> None:
+        """The serving is over: its final work begins, which only its supervisor watches (or,
+        with none, the server itself: :func:`~tether.observe.pulse_mark.watch_self`)."""
         self.bar.close()
-        beat()
+        watch_self(f"server rank {rank}", self.config.timeout_s)
 
     def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Evaluate the served model at ``step``, remembering the parameters it scored."""

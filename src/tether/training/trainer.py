@@ -33,7 +33,7 @@ from tether.observe.files import atomic_write_text
 from tether.observe.joined import mark_joined
 from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
 from tether.observe.progress import progress_bar
-from tether.observe.pulse_mark import start_pulse
+from tether.observe.pulse_mark import start_pulse, stop_watching
 from tether.observe.step_trace import StepTracer
 from tether.observe.tensorboard import open_tensorboard
 from tether.observe.timeline import (
@@ -195,6 +195,7 @@ class Trainer:
             # other machines: see docs/timeline.md).
             self._save_timeline(merge=self.is_writer)
         finally:
+            stop_watching()  # a server's watch on itself (no supervisor) ends with its run
             self.metrics.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
@@ -229,7 +230,7 @@ class Trainer:
         try:
             result = self.method.serve(hooks)
         finally:
-            hooks.close()  # its serving over, the server beats for its supervisor
+            hooks.close(self.rank)  # its serving over, the server beats for its supervisor
         last = max(result.global_step, self.record.start_step)
         if not self.kept:
             hooks.evaluate_last(last)
