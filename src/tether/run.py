@@ -20,6 +20,7 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.ignored_settings import IgnoredSettingWarning, warn_ignored
 from tether.launch.env import DistEnv
+from tether.methods.own_failure import leave_if_tolerated
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
@@ -75,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_worker(config.to_toml())
     except TetherError as exc:  # e.g. a method that cannot run on this placement
+        leave_if_tolerated(exc)  # a joined worker of an asynchronous method: the run goes on
         print(f"tether: error: rank {env.rank}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        leave_if_tolerated(exc)
+        raise
     else:
         out = Path(config.out) if config.out is not None else None
         if env.rank == 0 and out is not None and (out / "summary.json").exists():

@@ -1,10 +1,12 @@
-"""Hung ranks under torchrun, which has no supervisor of ours: a hung worker of an asynchronous
-method is left behind and torchrun must not wait for its process afterwards; a server hung after
-its workers finished fails the run naming it."""
+"""Hung and failing ranks under torchrun, which has no supervisor of ours: a hung worker of an
+asynchronous method is left behind and torchrun must not wait for its process afterwards; one
+whose own code raises is lost without taking the others with it; a server hung after its
+workers finished fails the run naming it."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -126,3 +128,68 @@ def test_a_server_hung_after_its_workers_finished_fails_the_torchrun_run(tmp_pat
     assert "in __getitem__" in stderr and "time.sleep(10**6)" in stderr  # where it hung
     assert not list(tmp_path.glob("runs/*/summary.json"))  # no results from the hung evaluation
     assert took < 45, took  # start-up, 10 steps, then the 3 s timeout
+
+
+# Rank 2's own code raises after 20 steps (a corrupt sample); rank 1 trains to its end.
+FAILING_WORKER_SCRIPT = HANGING_WORKER_SCRIPT.replace(
+    'print("worker rank 2 hangs", flush=True)\n        time.sleep(10**6)',
+    'raise ValueError("a corrupt sample in worker 2\'s shard")',
+)
+
+# For `torchrun -m tether.run`: worker rank 2's training data fails on its 40th read.
+FAILING_DATA_MODULE = """
+import os
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Data(Dataset):
+    def __init__(self):
+        self.x = torch.randn(4096, 6, generator=torch.Generator().manual_seed(0))
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if os.environ["RANK"] == "2" and self.reads == 40:
+            raise OSError("a corrupt sample in worker 2's shard")
+        return self.x[i], (self.x[i, 0] > 0).long()
+
+
+def load():
+    return Data(), Data()
+
+
+def net():
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_whose_code_raises_does_not_end_the_others(tmp_path: Path) -> None:
+    # Before: torchrun stopped every rank when rank 2 failed (status 1, rank 1 never finished).
+    # Now the failing worker says why and leaves with status 0; the server gives it up.
+    script = tmp_path / "script.py"
+    script.write_text(FAILING_WORKER_SCRIPT)
+    code, stdout, stderr, _ = _torchrun([str(script), "async-sgd"], tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "worker rank 1 finished" in stdout and "worker rank 2 finished" not in stdout
+    assert "ValueError: a corrupt sample in worker 2's shard" in stderr  # its traceback
+    assert (
+        "tether: worker rank 2 failed (ValueError: a corrupt sample in worker 2's shard); "
+        "async-sgd carries on without it" in stderr
+    ), stderr[-3000:]
+    assert "tether: worker rank 2 was lost" in stderr  # the server's report
+    # The same through the trainer (torchrun -m tether.run): the run's summary lists it.
+    (tmp_path / "failing.py").write_text(FAILING_DATA_MODULE)
+    train = ["--model", "failing:net", "--dataset", "failing:load", "--steps", "30"]
+    train += ["--batch-size", "8", "--timeout", "5", "--no-progress", "--out", "run"]
+    code, _, stderr, _ = _torchrun(["-m", "tether.run", "--method", "async-sgd", *train], tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "tether: worker rank 2 failed (OSError: a corrupt sample" in stderr, stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
+    assert "closed its connection" in summary["lost_workers"][0]["reason"]

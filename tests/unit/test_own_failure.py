@@ -1,0 +1,53 @@
+"""A joined worker of an asynchronous method with no supervisor (torchrun): its own failure ends
+only its process, with status 0 (tether.methods.own_failure); every other failure reaches the
+launcher as before. Each case in its own interpreter (the rule ends a process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import sys
+from tether.methods.own_failure import tolerate_own_failure, withdraw
+
+
+class Link:
+    in_exchange = 0
+    failed = {failed}
+
+
+tolerate_own_failure(Link(), 2, "async-sgd")
+if {withdrawn}:
+    withdraw()  # the worker's goodbye
+raise {error}
+"""
+
+
+@pytest.mark.parametrize(
+    ("failed", "withdrawn", "error", "leaves"),
+    [
+        (False, False, "ValueError('bad sample')", True),  # its own code: the run goes on
+        (True, False, "ConnectionError('rank 0 closed')", False),  # its link: the server's gone
+        (False, True, "ValueError('bad save')", False),  # after its goodbye: it left the run
+        (False, False, "KeyboardInterrupt()", False),  # the launcher's stop
+    ],
+)
+def test_only_a_joined_workers_own_failure_leaves_quietly(
+    failed: bool, withdrawn: bool, error: str, leaves: bool
+) -> None:
+    script = SCRIPT.format(failed=failed, withdrawn=withdrawn, error=error)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    said = "tether: worker rank 2 failed (ValueError: bad sample); async-sgd carries on"
+    if leaves:
+        assert done.returncode == 0, done.stderr
+        assert "Traceback (most recent call last)" in done.stderr  # what failed, where
+        assert said in done.stderr
+    else:
+        assert done.returncode != 0
+        assert "carries on without it" not in done.stderr
+        assert error.split("(")[0] in done.stderr  # the usual traceback
