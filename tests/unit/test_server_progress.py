@@ -3,6 +3,7 @@ batch that takes near --timeout (which that cannot cover) is said once."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import tether.training.server_progress as server_progress
-from tether.observe.files import atomic_write
+from tether.observe.files import ReportingWriter, atomic_write
 from tether.training.checkpoint import save_checkpoint
 from tether.training.server_progress import WaitingWorkers
 
@@ -66,6 +67,30 @@ def test_a_save_that_progresses_keeps_the_workers_waiting(
     told.clear()
     now[0] += 10.0  # a save whose writes stopped: nothing reassures anyone
     assert told == []
+
+
+def test_a_long_save_goes_to_the_disk_as_it_goes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The save's writes land in the page cache; its one sync at the end took the whole file to
+    # the disk in one silent call, which on a slow file system outlasted --timeout. Now every
+    # sync_every bytes are synced as they go, each followed by a report.
+    events: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        events.append(("fsync", os.fstat(fd).st_size))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with open(tmp_path / "save", "wb") as handle:
+        writer = ReportingWriter(handle, lambda: events.append(("progress", 0)), sync_every=2500)
+        for _ in range(6):
+            writer.write(b"x" * 1000)
+    synced = [size for what, size in events if what == "fsync"]
+    assert synced == [3000, 6000]  # the bytes on the disk at each sync: at most 2999 left over
+    assert events[2:4] == [("fsync", 3000), ("progress", 0)]  # the sync, then its report
+    assert [what for what, _ in events].count("progress") == 6
 
 
 def test_a_checkpoint_saved_with_progress_is_the_same_file(tmp_path: Path) -> None:

@@ -30,18 +30,35 @@ def umask() -> int:
     return mask
 
 
+SYNC_EVERY_BYTES = 64 << 20  # a reporting save's bytes go to the disk this often
+
+
 class ReportingWriter:
     """A binary file that calls ``progress`` after each write that goes through: a long save
     says it is at work (a parameter server's workers, waiting for its reply, hear that it is
     busy) for as long as its bytes keep reaching the file, and falls silent when they stop (a
-    hung disk is not taken for progress). ``progress`` limits its own rate."""
+    hung disk is not taken for progress). ``progress`` limits its own rate.
 
-    def __init__(self, handle: IO[bytes], progress: Callable[[], None]) -> None:
+    Every ``sync_every`` bytes it also syncs them to the disk (``fsync``) and reports: a write
+    lands in the page cache at once, and the save's final sync would otherwise take the whole
+    file to the disk in one silent call (minutes on a slow network file system, long enough to
+    lose the waiting workers). So its progress is the disk's, and the last sync is short."""
+
+    def __init__(
+        self, handle: IO[bytes], progress: Callable[[], None], sync_every: int = SYNC_EVERY_BYTES
+    ) -> None:
         self.handle = handle
         self.progress = progress
+        self.sync_every = sync_every
+        self._unsynced = 0
 
     def write(self, data: Any) -> int:
         written = self.handle.write(data)
+        self._unsynced += written
+        if self._unsynced >= self.sync_every:
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self._unsynced = 0
         self.progress()
         return written
 
