@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(
         f"tether: {config.method} on {counted(config.workers, 'worker')}{groups} "
-        f"({counted(processes, 'process')}), "
+        f"({counted(processes, 'process', 'processes')}), "
         f"{batch_text(config, set(given))}, {config.model} / {config.dataset}, "
         f"run directory {config.out}",
         file=sys.stderr,

@@ -57,6 +57,7 @@ def test_train_writes_the_run_directory(straight_run: tuple[Path, CliResult]) ->
     assert [h["step"] for h in summary["history"]] == [10, 20, 30]
     assert summary["final_test_accuracy"] > 0.2  # 30 steps of LeNet-5 beat chance (0.1)
     assert "test accuracy" in result.stdout and str(run) in result.stdout
+    assert "tether: sync-sgd on 2 workers (2 processes), " in result.stderr  # the start line
 
 
 def test_crash_then_resume_matches_uninterrupted_run(
