@@ -34,6 +34,7 @@ from tether.optim import OPTIMIZERS, SCHEDULES, NamedOptimizer, NamedSchedule, S
 from tether.optim.builders import OptimizerSettings
 from tether.training.objective import LOSSES
 from tether.training.task import Task
+from tether.words import counted
 
 
 class OversubscribedWarning(UserWarning):
@@ -160,15 +161,16 @@ def check_global_batch(config: TrainConfig, samples: int) -> None:
     """A step takes one global batch: a data set smaller than that has no step to take."""
     global_batch = config.batch_size * config.data_workers * config.accumulate
     who = (
-        f"{config.data_workers} model groups"
+        counted(config.data_workers, "model group")
         if config.model_parallel > 1
-        else f"{config.workers} workers"
+        else counted(config.workers, "worker")
     )
     if global_batch > samples:
         raise TetherError(
             f"the global batch ({who} x batch {config.batch_size} x "
             f"accumulate {config.accumulate} = {global_batch}) is larger than the training set "
-            f"({samples} samples): lower --batch-size or --workers"
+            f"({samples} samples): lower the batch size or the workers (--batch-size, "
+            "--workers; batch_size=, workers= in Python)"
         )
 
 

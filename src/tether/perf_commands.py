@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import datetime
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tether.batch_notes import held_batches_note
     from tether.observe.perf_plots import plot_breakdown, plot_scaling
     from tether.perf.profile import load_profile
+    from tether.perf.scaling import ScalingCutWarning
 
     methods = perf_inputs.predicted_methods(args.method)  # before anything is loaded or timed
     perf_inputs.check_predict_settings(args, methods)
@@ -147,7 +149,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     }
     print(
         f"{config.model}, batch {workload.batch_size} per worker, "
-        f"{workload.parameters_bytes / 2**20:.2f} MiB of parameters, on profile {profile.name} "
+        f"{size_text(workload.parameters_bytes)} of parameters, on profile {profile.name} "
         f"({used.source})"
     )
     threads = workload.timed_threads_note(
@@ -170,7 +172,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(note)
     print(
         f"{'method':<16}{'workers':>8}{'iter ms':>10}{'compute':>10}{'update':>9}"
-        f"{'exposed comm':>14}{'comm share':>12}{'samples/s':>12}"
+        f"{'exposed comm':>14}{'comm share':>12}{'samples/s':>14}"
     )
     rows, report = [], []
     for method in methods:
@@ -183,8 +185,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(
                 f"{method:<16}{p:>8}{pred.iteration_s * 1e3:>10.3f}"
                 f"{(pred.compute_s - pred.update_s) * 1e3:>10.3f}{pred.update_s * 1e3:>9.3f}"
-                f"{pred.exposed_comm_s * 1e3:>14.3f}{pred.comm_share:>11.1%}"
-                f"{pred.samples_per_s:>12.1f}"
+                f"{pred.exposed_comm_s * 1e3:>14.3f}{pred.comm_share:>12.1%}"
+                f" {pred.samples_per_s:>13.1f}"
             )
             if method == "sync-sgd":
                 print(f"{'':<16}{perf_workloads.sync_sgd_line(pred.details)}")
@@ -197,16 +199,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
     plot_breakdown(rows, out / "breakdown.png", title=f"{config.model} on {profile.name}")
     if args.scaling:
         curves = {}
+        ends = []
         for method in methods:
-            curves[method] = perf_workloads.predict_scaling(
-                workload,
-                method,
-                profile,
-                curve_counts,
-                strong=args.scaling == "strong",
-                tau=method_tau(method, args.tau),
-                **settings,
-            )
+            with warnings.catch_warnings(record=True) as heard:
+                warnings.simplefilter("always", ScalingCutWarning)
+                curves[method] = perf_workloads.predict_scaling(
+                    workload,
+                    method,
+                    profile,
+                    curve_counts,
+                    strong=args.scaling == "strong",
+                    tau=method_tau(method, args.tau),
+                    **settings,
+                )
+            for warning in heard:  # a curve's end is printed below; anything else goes on
+                if issubclass(warning.category, ScalingCutWarning):
+                    ends.append(str(warning.message))
+                else:
+                    warnings.warn(warning.message, warning.category, stacklevel=1)
         result["scaling"] = {"kind": args.scaling, "curves": curves}
         plot_scaling(
             curves,
@@ -219,17 +229,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 f"{args.scaling} scaling, {method}: {last['workers']} workers at "
                 f"{last['efficiency']:.1%} efficiency ({last['samples_per_s']:.0f} samples/s)"
             )
-        if args.scaling == "strong" and curve_counts[-1] > last["workers"]:
-            print(
-                f"strong scaling ends at {last['workers']} workers: the global batch of "
-                f"{workload.batch_size * curve_counts[0]} has no more samples to share "
-                "(--batch-size for a larger one)"
-            )
+        for end in dict.fromkeys(ends):  # once each (the batch's end is every method's)
+            hint = " (--batch-size for a larger one)" if end.startswith("strong") else ""
+            print(end + hint)
     from tether.observe.files import atomic_write_json
 
     atomic_write_json(out / "predict.json", result)
     print(f"tether: wrote {out}/predict.json and the figures beside it", file=sys.stderr)
     return 0
+
+
+def size_text(n_bytes: float) -> str:
+    """``18.16 MiB``, or ``3.5 KiB`` for what would print as 0.00 MiB."""
+    if n_bytes >= 2**20 / 10:
+        return f"{n_bytes / 2**20:.2f} MiB"
+    return f"{n_bytes / 2**10:.1f} KiB"
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

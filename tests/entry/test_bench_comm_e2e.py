@@ -114,9 +114,10 @@ def test_allgather_every_algorithm_on_3_ranks(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     algos = ("naive", "ring", "recursive-doubling", "binomial", "native")
     argv = ["--op", "allgather", "--algo", ",".join(algos), "--sizes", "12B,12KB"]
-    argv += ["--workers", "3", "--repeats", "2", "--no-predict", "--out", str(out)]
+    argv += ["--workers", "3", "--repeats", "2", "--no-predict", "--out", str(out), "--quiet"]
     result = run_cli("bench", "comm", *argv)
     assert result.returncode == 0, result.stderr
+    assert "tether bench: 12B" not in result.stderr  # --quiet: no progress lines
     report = json.loads((out / "comm.json").read_text())
     assert report["op"] == "allgather" and report["busbw_factor"] == pytest.approx(2 / 3)
     # the size is the gathered output (nccl-tests): 4 bytes, then 4 KiB, from each of 3 ranks

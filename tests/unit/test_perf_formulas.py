@@ -105,6 +105,15 @@ def test_closed_forms_equal_the_schedules_across_nodes(world: int, per_node: int
     assert all_reduce_time("hierarchical", world, 3e8, links) < all_reduce_time(
         "ring", world, 3e8, links
     )
+    # A node's link faster than its inside (InfiniBand beside PCIe): a round of the ring still
+    # waits for its steps inside the nodes. Before, every round was priced at the node link
+    # alone, and two nodes came out faster than one.
+    slow_inside = Links(IA, IB, G, A, B, ranks_per_node=per_node)
+    for n in (4.0, 1e5, 3e8):
+        ring = cost(ring_all_reduce(world), n, IA, IB, G, NodeLinks(per_node, A, B))
+        assert all_reduce_time("ring", world, n, slow_inside) == pytest.approx(ring, rel=1e-12)
+        one_node = all_reduce_time("ring", per_node, n, slow_inside)
+        assert all_reduce_time("ring", world, n, slow_inside) >= one_node
 
 
 def test_edge_cases_and_the_best_algorithm() -> None:

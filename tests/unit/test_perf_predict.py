@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from tether.api.perf import predict, predict_scaling, time_model
 from tether.bench.compute_samples import (
@@ -21,6 +22,7 @@ from tether.bench.link_fit import fit_alpha_beta, fit_ring
 from tether.errors import TetherError
 from tether.perf.collective_cost import Links, all_reduce_time
 from tether.perf.profile import profile_from_dict
+from tether.perf.scaling import ScalingCutWarning
 from tether.perf.workload import LayerCost, Workload
 
 A, B, G = 1e-4, 1e-9, 1e-10
@@ -145,7 +147,8 @@ def test_scaling_curves() -> None:
     assert all(r["batch_size"] == 32 for r in weak)
     effs = [r["efficiency"] for r in weak]
     assert all(b <= a + 1e-12 for a, b in itertools.pairwise(effs))
-    strong = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, counts, strong=True)
+    with pytest.warns(ScalingCutWarning, match="strong scaling ends at 32 workers: the global"):
+        strong = predict_scaling(WORKLOAD, "sync-sgd", PROFILE, counts, strong=True)
     assert [r["batch_size"] for r in strong][:3] == [32, 16, 8]
     # the global batch of 32 has a sample for each of 32 workers, no more: the curve ends there
     assert [r["workers"] for r in strong] == [1, 2, 4, 8, 16, 32] and strong[-1]["batch_size"] == 1
@@ -158,6 +161,40 @@ def test_scaling_curves() -> None:
         predict(WORKLOAD, "sync-sgd", 2, PROFILE, bucket=3)
     with pytest.raises(TetherError, match="no prediction for method"):
         predict(WORKLOAD, "sync-magic", 2, PROFILE)
+
+
+def test_a_server_nodes_link_bounds_the_workers_on_other_nodes() -> None:
+    # Before, the closed form gave each worker's messages a link of their own: hogwild-easgd's
+    # weak scaling to 4096 workers came out at 100% efficiency. Now every exchange of a worker
+    # on another node than the server's carries the model in and out over the server node's
+    # one link (here 10 B per byte), which bounds the rate.
+    eight_per_node = profile_from_dict(_profile(per_node=8))
+    for method, tau in (("async-sgd", 1), ("async-easgd", 4), ("hogwild-easgd", 4)):
+        pred = predict(WORKLOAD, method, 64, eight_per_node, tau=tau)
+        floor = (64 - 8) * MODEL_BYTES * 10 * B / tau
+        assert pred.details["server_link_floor_s"] == pytest.approx(floor, rel=1e-12)
+        assert pred.iteration_s >= floor
+        assert (
+            predict(WORKLOAD, method, 8, eight_per_node, tau=tau).details["server_link_floor_s"]
+            == 0
+        )  # every worker on the server's node
+    curve = predict_scaling(WORKLOAD, "hogwild-easgd", eight_per_node, [1, 64, 4096], tau=4)
+    assert curve[-1]["efficiency"] < 0.05
+
+
+def test_hogwild_sgd_is_predicted_on_one_node_only() -> None:
+    eight_per_node = profile_from_dict(_profile(per_node=8))
+    with pytest.raises(
+        TetherError,
+        match=r"^hogwild-sgd shares its weights in one node's memory: "
+        r"at most 8 workers on test \(8 ranks per node\), got 16",
+    ):
+        predict(WORKLOAD, "hogwild-sgd", 16, eight_per_node)
+    with pytest.warns(ScalingCutWarning, match="hogwild-sgd's curve ends at 8 workers"):
+        curve = predict_scaling(WORKLOAD, "hogwild-sgd", eight_per_node, [1, 2, 4, 8, 16, 32])
+    assert [row["workers"] for row in curve] == [1, 2, 4, 8]
+    with pytest.raises(TetherError, match=r"^workers must be a list of worker counts"):
+        predict_scaling(WORKLOAD, "sync-sgd", eight_per_node, 8)  # type: ignore[arg-type]
 
 
 def test_counted_flops_predict_on_another_profile() -> None:
@@ -185,6 +222,106 @@ def test_time_model_measures_a_user_model() -> None:
     assert workload.batch_size == 16
     back = Workload.from_dict(workload.to_dict())
     assert back == workload
+    with pytest.raises(TetherError, match=r"^model \(ReLU\) has no trainable parameters"):
+        time_model(nn.ReLU(), x, y, F.cross_entropy)  # was torch's "empty parameter list"
+
+
+class Attention(nn.Module):
+    """nn.MultiheadAttention uses its out_proj's weight without calling out_proj's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attend = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attend(x, x, x)[0].mean(1))
+
+
+class Scaled(nn.Module):
+    """A block with a parameter of its own and a layer inside it, applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(16))
+        self.inner = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * self.gain
+
+
+class TiedPair(nn.Module):
+    """Inputs (x, z) in one tuple; an embedding whose weight is also the output layer's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16)
+        self.block = Scaled()
+        self.out = nn.Linear(16, 100, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens, extra = inputs
+        h = self.block(self.block(self.embed(tokens).mean(1) + extra))
+        return self.out(h)
+
+
+def test_time_model_takes_attention_tied_weights_nested_layers_and_tuple_inputs() -> None:
+    # Before: nn.MultiheadAttention failed the timing ("no median for empty data": out_proj's
+    # forward never runs); a tied weight was counted twice; a block with a layer inside counted
+    # that layer's FLOPs twice; a tuple of inputs was taken for a batch of 1.
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 5, 16), torch.randint(0, 3, (8,))
+    workload = time_model(Attention(), x, y, F.cross_entropy, repeats=2)
+    by_name = {layer.name: layer for layer in workload.layers}
+    names = [layer.name for layer in workload.layers]
+    assert names == ["attend", "attend.out_proj", "head", "(other)"]  # out_proj: its parent's
+    assert by_name["attend.out_proj"].forward_s == 0  # its time and FLOPs are its parent's
+    assert by_name["attend.out_proj"].forward_flops == 0
+    assert by_name["attend"].forward_flops >= 2 * 8 * 5 * 16 * 16 * 4  # q, k, v and out
+    assert by_name["attend.out_proj"].tensor_bytes == (16 * 16 * 4, 16 * 4)
+    assert workload.batch_size == 8
+
+    tokens, extra = torch.randint(0, 100, (8, 7)), torch.randn(8, 16)
+    net = TiedPair()
+    workload = time_model(net, (tokens, extra), torch.randint(0, 100, (8,)), F.cross_entropy)
+    assert workload.batch_size == 8
+    unique = sum(p.numel() * p.element_size() for p in net.parameters())  # counted once
+    assert workload.parameters_bytes == unique
+    by_name = {layer.name: layer for layer in workload.layers}
+    assert "out" not in by_name  # its only weight is the embedding's
+    assert by_name["block.inner"].forward_flops == 2 * (2 * 8 * 16 * 16)  # called twice
+    assert by_name["block"].forward_flops < by_name["block.inner"].forward_flops  # its own part
+    counted = FlopCounterMode(display=False)
+    with counted, torch.no_grad():
+        net((tokens, extra))
+    assert workload.forward_flops == counted.get_total_flops()  # nothing counted twice
+    # the layers in the order the forward calls them, not as declared (backward's order)
+    declared_last_first = nn.Sequential()
+    declared_last_first.add_module("head", nn.Linear(8, 3))
+    declared_last_first.add_module("body", nn.Linear(4, 8))
+    declared_last_first.forward = lambda x: declared_last_first.head(declared_last_first.body(x))  # type: ignore[method-assign]
+    workload = time_model(declared_last_first, torch.randn(8, 4), y, F.cross_entropy, repeats=2)
+    assert [layer.name for layer in workload.layers] == ["body", "head", "(other)"]
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")  # torch's, before the shapes fail
+def test_a_timing_that_fails_names_what_does_not_fit() -> None:
+    # Before, a model that did not take the data's inputs was blamed on the loss.
+    net = nn.Linear(30, 3)
+    with pytest.raises(
+        TetherError,
+        match=r"^timing net's training step failed: the model does "
+        r"not take the data's inputs \(shape \[4, 7\]\): RuntimeError: mat1",
+    ):
+        time_model(net, torch.randn(4, 7), torch.zeros(4, dtype=torch.long), F.cross_entropy,
+                   name="net", repeats=1)  # fmt: skip
+    with pytest.raises(
+        TetherError,
+        match=r"does the loss fit the model's outputs \(shape "
+        r"\[4, 3\]\) and the data's targets \(shape \[4, 5\]\)\?",
+    ):
+        time_model(net, torch.randn(4, 30), torch.randn(4, 5), F.mse_loss, repeats=1)
 
 
 def test_a_measured_server_wire_prices_the_server_messages() -> None:

@@ -19,7 +19,7 @@ import dataclasses
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from tether.perf.checks import is_whole
 from tether.perf.predict import Prediction, Setup
 from tether.perf.predict import predict as _predict
 from tether.perf.profile import HardwareProfile, load_profile
-from tether.perf.scaling import scaling
+from tether.perf.scaling import ScalingCutWarning, curve_end, scaling
 from tether.perf.simulator import SimulationConfig, SimulationResult, WorkerSpeeds
 from tether.perf.simulator import simulate as _simulate
 from tether.perf.workload import TimedThreadsWarning, Workload
@@ -63,6 +63,11 @@ def time_model(
 
     if not isinstance(model, nn.Module):
         raise TetherError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TetherError(
+            f"model ({type(model).__name__}) has no trainable parameters: a training step of "
+            "it updates nothing and sends nothing"
+        )
     threads = _count("threads", threads, 1)
     repeats = _count("repeats", repeats, 1)  # the median of no timed step is no time
     opt = optimizer or torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -129,7 +134,13 @@ def predict_scaling(
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """Throughput, the ideal line and efficiency for each worker count; weak scaling keeps the
-    per-worker batch, strong scaling the global batch of the first count."""
+    per-worker batch, strong scaling the global batch of the first count. A curve that stops
+    before the last count (no samples left to share, or ``hogwild-sgd`` past one node) says why
+    in a :class:`~tether.perf.scaling.ScalingCutWarning`."""
+    if not isinstance(workers, Iterable) or isinstance(workers, str):
+        raise TetherError(
+            f"workers must be a list of worker counts (e.g. [1, 2, 4, 8]), got {workers!r}"
+        )
     counts = list(workers)
     if not counts or not all(is_whole(p) and p >= 1 for p in counts):
         raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
@@ -140,7 +151,11 @@ def predict_scaling(
         _setup(method, counts[0], settings),
     )
     _warn_threads(found, hardware, setup)
-    return scaling(found, hardware, setup, counts, strong)
+    rows = scaling(found, hardware, setup, counts, strong)
+    end = curve_end(found, hardware, setup, counts, strong, rows)
+    if end is not None:  # the rows stop short: said, not left for the caller to find
+        warnings.warn(end, ScalingCutWarning, stacklevel=2)
+    return rows
 
 
 def _warn_threads(workload: Workload, profile: HardwareProfile, setup: Setup) -> None:

@@ -85,6 +85,7 @@ def measure_links(workers: int, threads: int, timeout_s: float) -> LinkFit:
         # No predictions: they need the collectives' calibration (tens of seconds on a
         # machine that has none), and the fit below is all this needs.
         argv += ["--repeats", "10", "--timeout", str(timeout_s), "--no-predict"]
+        argv += ["--quiet"]  # the calibration says what it times in its own words
         launch_torch(workers, [*argv, "--out", str(out)], timeout_s, Path(tmp))
         report = json.loads(out.read_text())
     points = [(float(r["bytes"]), float(r["time_s"])) for r in report["rows"]]
@@ -175,16 +176,49 @@ def time_model(
             )
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:
             # the model, the loss and the data do not fit: one line, not a traceback
-            raise TetherError(
-                f"timing {name}'s training step failed: {first_line(exc)} (does "
-                "the loss fit the model's outputs and the data's targets? a regression takes "
-                "a regression loss: --loss mse, loss=torch.nn.MSELoss())"
-            ) from None
+            why = _what_does_not_fit(model, inputs, targets, loss, exc)
+            raise TetherError(f"timing {name}'s training step failed: {why}") from None
         # kept, so that a prediction for another thread count can say its times are not of it
         workload = dataclasses.replace(workload, threads=threads)
     finally:
         torch.set_num_threads(before)
     return workload, workload.timed_step_s
+
+
+def _what_does_not_fit(
+    model: nn.Module, inputs: Any, targets: Any, loss: Any, exc: BaseException
+) -> str:
+    """Which of the model and the data, or the loss and the outputs, failed the timed step:
+    the forward alone, then the loss on its outputs, tried again untimed."""
+    try:
+        with torch.no_grad():
+            outputs = model(inputs)
+    except Exception as forward:
+        return (
+            f"the model does not take the data's inputs ({_shapes(inputs)}): "
+            f"{first_line(forward)} (give the data it takes: --dataset module:loader, or the "
+            "inputs in Python)"
+        )
+    try:
+        loss(outputs, targets)
+    except Exception as failed:
+        return (
+            f"{first_line(failed)} (does the loss fit the model's outputs ({_shapes(outputs)}) "
+            f"and the data's targets ({_shapes(targets)})? a regression takes a regression "
+            "loss: --loss mse, loss=torch.nn.MSELoss())"
+        )
+    return first_line(exc)
+
+
+def _shapes(value: Any) -> str:
+    """``shape [64, 1, 28, 28]``, or the shapes of a tuple's, list's or dict's tensors."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {list(value.shape)}"
+    if isinstance(value, dict):
+        return ", ".join(f"{key}: {_shapes(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return "(" + ", ".join(_shapes(item) for item in value) + ")"
+    return type(value).__name__
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ class CommBenchArgs:
     predict: bool = True
     recalibrate: bool = False
     pin: bool = False
+    quiet: bool = False  # no progress lines
 
     @property
     def kind(self) -> str:
@@ -168,6 +169,7 @@ def resolve_args(
     predict: bool = True,
     recalibrate: bool = False,
     pin: bool = False,
+    quiet: bool = False,
 ) -> CommBenchArgs:
     """Check the options (one-line :class:`TetherError` on a mistake) and build the args."""
     if op not in OPS:
@@ -211,6 +213,7 @@ def resolve_args(
         predict,
         recalibrate,
         pin,
+        quiet,
     )
 
 
@@ -272,6 +275,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "cached one, e.g. after the machine or its load changed",
     )
     parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (the sizes and algorithms as they are timed)",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="pin each rank's main thread to one core (its local rank mod the cores), as MPI "
@@ -291,6 +299,7 @@ def args_from_namespace(ns: argparse.Namespace) -> CommBenchArgs:
         ns.predict,
         ns.recalibrate,
         ns.pin,
+        ns.quiet,
     )
 
 
@@ -316,6 +325,7 @@ def worker_argv(args: CommBenchArgs, out_file: Path, timeout_s: float) -> list[s
     ]
     argv += [] if args.predict else ["--no-predict"]
     argv += ["--pin"] if args.pin else []
+    argv += ["--quiet"] if args.quiet else []
     return argv + (["--recalibrate"] if args.recalibrate else [])
 
 

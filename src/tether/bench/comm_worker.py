@@ -219,7 +219,7 @@ def _run_rank(placement: Placement, args: CommBenchArgs, ns: argparse.Namespace)
         placement.device,
         placement.sync,
         predict,
-        progress=sys.stderr if transport.rank == 0 else None,
+        progress=sys.stderr if transport.rank == 0 and not ns.quiet else None,
         collectives=timed_collectives(calibration, placement.ranks_per_node),
     )
     if transport.rank != 0:

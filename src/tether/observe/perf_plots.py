@@ -48,8 +48,8 @@ def plot_breakdown(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str)
     ax.invert_yaxis()
     ax.set_xlabel("predicted time per iteration (ms)")
     ax.set_xlim(0, max(left, default=1.0) * 1.18 or 1.0)
-    # below the axes: inside, it would hide the last bars
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small")
+    # below the axes and their label (the layout makes room): inside, it would hide bars
+    figure.legend(loc="outside lower center", ncol=3, fontsize="small")
     ax.set_title(title)
     return _save(figure, path)
 

@@ -92,11 +92,11 @@ def _flat(algorithm: str, world: int, n: float, a: float, b: float, g: float) ->
 def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) -> float:
     """Seconds of one all-reduce of ``n_bytes`` over ``world`` ranks.
 
-    On one node every step uses the intra-node link. Across nodes, a flat algorithm's rounds are
-    paced by the node links (its steps cross nodes in every round: priced with the inter-node
-    link, the ring's P ranks of a round crossing G per node link); the hierarchical algorithm
-    crosses only in its middle phase. ``native`` is priced as the ring (gloo's and NCCL's
-    large-message all-reduce is a ring); a measured time is better where there is one."""
+    On one node every step uses the intra-node link. Across nodes, a flat algorithm's rounds
+    have steps on both links at once (some cross nodes in every round), so each is priced at the
+    slower of the two; the hierarchical algorithm crosses only in its middle phase. ``native``
+    is priced as the ring (gloo's and NCCL's large-message all-reduce is a ring); a measured
+    time is better where there is one."""
     if world < 2 or n_bytes <= 0:
         return 0.0
     if algorithm == "auto":  # a run picks the fastest for each size: priced as the fastest here
@@ -126,12 +126,15 @@ def all_reduce_time(algorithm: str, world: int, n_bytes: float, links: Links) ->
         return inside + (nodes - 1) * (cross_round + cross_copy)
     if algorithm == "hierarchical":
         algorithm = "ring"
+    inside = _flat(algorithm, world, n_bytes, a, b, g)
     if nodes > 1:
         # a flat schedule over several nodes: each round has a step that crosses a node boundary
-        # (the ring's last rank of a node sends to the next node's first), so every round pays
-        # the slow link; with consecutive placement one step per node crosses per round
-        a, b = inter_a, links.inter_b
-    return _flat(algorithm, world, n_bytes, a, b, g)
+        # (the ring's last rank of a node sends to the next node's first) and steps inside the
+        # nodes, all at once, so a round takes the slower of the two links (with consecutive
+        # placement one step per node crosses per round); a node's link faster than its inside
+        # (InfiniBand beside PCIe) makes no round faster than one node's
+        return max(inside, _flat(algorithm, world, n_bytes, inter_a, links.inter_b, g))
+    return inside
 
 
 def message_time(n_bytes: float, links: Links, crosses_nodes: bool) -> float:

@@ -23,7 +23,9 @@ nothing overlaps: the cores that would hide the communication are busy. Workers 
 their own still slow each other by what the cores share, where the profile measured it
 (``busy_node_slowdown``). A server method's rate is also bounded by the CPU work its node must
 do per step (compute, the server's apply, both ends of every loopback message) over the node's
-cores. Where the profile measured the exchange in training (:mod:`tether.perf.exchange_load`), a
+cores, and, for workers on other nodes than the server's, by the server node's one link, which
+carries every exchange's model in and out. ``hogwild-sgd`` shares one node's memory: no
+prediction beyond a node's ranks. Where the profile measured the exchange in training (:mod:`tether.perf.exchange_load`), a
 collective's every message costs that much more, every exchange waits for the latest rank, and
 a server's service includes its measured CPU per exchange.
 """
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import (
     Links,
@@ -42,11 +45,7 @@ from tether.perf.collective_cost import (
 )
 from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
-from tether.perf.run_setup import (
-    COLLECTIVE_METHODS,
-    SERVER_METHODS,
-    Setup,
-)
+from tether.perf.run_setup import COLLECTIVE_METHODS, SERVER_METHODS, Setup, one_node_limit
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
 
@@ -56,7 +55,9 @@ BUCKET_CANDIDATES_MB = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0,
 
 @dataclass(frozen=True)
 class Prediction:
-    """Seconds per local step of one worker, and how they divide."""
+    """Seconds per local step of one worker, and how they divide: ``iteration_s = compute_s +
+    exposed_comm_s``, where ``compute_s`` is the step's forward, backward and update
+    (``update_s`` is its part of it: the command line prints the two apart)."""
 
     method: str
     workers: int
@@ -313,9 +314,28 @@ def _node_cpu_floor(
     return demand / profile.cores_per_node
 
 
+def _server_link_floor(steps: StepTimes, setup: Setup, links: Links) -> float:
+    """The fewest seconds per local step the server node's one link allows: while each worker
+    takes a step, every worker on another node exchanges ``1/tau`` times, and each exchange
+    carries the model in and (at the same time, the link being full duplex) out. The closed
+    form counts each message as its worker's wait only, as if the server had a link per
+    worker; 0 on one node (``hogwild-sgd``'s shared memory: no messages)."""
+    remote = setup.workers - links.ranks_per_node
+    if remote <= 0 or setup.method == "hogwild-sgd":
+        return 0.0
+    return remote * steps.model_bytes * links.inter_b / _steps_per_exchange(setup)
+
+
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
     """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
     setup.check()
+    limit = one_node_limit(setup.method, profile.ranks_per_node, setup.ranks_per_node)
+    if limit is not None and setup.workers > limit:
+        raise TetherError(
+            f"hogwild-sgd shares its weights in one node's memory: at most {limit} workers on "
+            f"{profile.name} ({limit} ranks per node), got {setup.workers}; across nodes, "
+            "async-sgd or hogwild-easgd"
+        )
     links = links_of(profile, setup.ranks_per_node)
     neighbours = _neighbour_slowdown(profile, setup, links)
     alone = workload.step_times(profile).slowed(neighbours)  # a core of its own, on a busy node
@@ -348,8 +368,11 @@ def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Predi
     else:
         total, service, message = _server(steps, setup, links)
         floor = _node_cpu_floor(alone, profile, setup, links, service, message)
-        details.update({"closed_form_s": total, "node_cpu_floor_s": floor})
-        total = max(total, floor)
+        link_floor = _server_link_floor(steps, setup, links)
+        details.update(
+            {"closed_form_s": total, "node_cpu_floor_s": floor, "server_link_floor_s": link_floor}
+        )
+        total = max(total, floor, link_floor)
         compute = steps.compute_s
         exchanges = 1 / _steps_per_exchange(setup)
         comm = (2 * message + service) * exchanges

@@ -80,3 +80,9 @@ class Setup:
                 f"unknown all-reduce {self.allreduce!r}: one of {', '.join(PRICED_ALL_REDUCES)}"
             )
         return self
+
+
+def one_node_limit(method: str, profile_ranks_per_node: int, ranks_per_node: int = 0) -> int | None:
+    """The most workers ``method`` runs on (its weights in one node's shared memory: the
+    profile's ranks per node), None where it has no such limit."""
+    return (ranks_per_node or profile_ranks_per_node) if method == "hogwild-sgd" else None
