@@ -37,7 +37,11 @@ def _stamp() -> str:
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="lenet5", help="model name or module:factory")
+    parser.add_argument(
+        "--model",
+        help="model name or module:factory (default lenet5; tether predict with a profile file "
+        "from tether calibrate: the model that file timed)",
+    )
     parser.add_argument(
         "--dataset",
         default="fashion-mnist",
@@ -56,7 +60,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 
     config = dataclasses.replace(
         TrainConfig(),
-        model=args.model,
+        model=args.model or "lenet5",
         dataset=args.dataset,
         data_dir=args.data_dir,
         loss=args.loss,
@@ -136,8 +140,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     perf_inputs.check_predict_settings(args, methods)
     out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
     perf_inputs.check_out_dir(out)
-    config = _config(args)
     profile = load_profile(args.profile)
+    if args.model is None:  # the model the profile file timed, else lenet5
+        args.model = perf_workloads.stored_model(args.profile)
+    config = _config(args)
     used = perf_workloads.workload_for(config, args.profile, profile.name)
     workload = used.workload
     settings: dict[str, Any] = {

@@ -94,6 +94,13 @@ def _timed(
     return PredictedWorkload(workload, f"timed layers{how}", notes)
 
 
+def stored_model(profile_path: str) -> str | None:
+    """The model a profile file's timed workload is of (a file from ``tether calibrate``);
+    None for a built-in profile or a file without one."""
+    stored = _stored_workload(Path(profile_path))
+    return stored.model if stored is not None else None
+
+
 def _stored_workload(path: Path) -> Workload | None:
     if not path.is_file():
         return None

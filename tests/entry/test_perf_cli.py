@@ -381,3 +381,24 @@ def test_a_damaged_workload_in_a_profile_file_is_one_line_naming_the_field(
     argv = ["predict", "--profile", str(path), "--workers", "1,2", "--out", str(tmp_path / "p")]
     line = _error_line(capsys, argv)
     assert f"workload {path}: " in line and message in line
+
+
+def test_predict_takes_the_model_its_profile_file_timed(capsys, tmp_path: Path) -> None:
+    # Before, `tether predict --profile FILE` without --model predicted lenet5 (the default)
+    # from counted FLOPs, not the model `tether calibrate --model M` had timed into FILE.
+    workload = {
+        "model": "mlp", "batch_size": 64, "update_s": 1e-4, "data_s": 0.0,
+        "measured_on": "vm-2cores",
+        "layers": [{"name": "fc", "tensor_bytes": [4000, 40], "forward_flops": 1e6,
+                    "forward_s": 1e-3, "backward_s": 2e-3}],
+    }  # fmt: skip
+    path = tmp_path / "cal.json"
+    path.write_text(
+        json.dumps({"hardware": load_profile("vm-2cores").to_dict(), "workload": workload})
+    )
+    argv = ["predict", "--profile", str(path), "--workers", "2", "--out", str(tmp_path / "p")]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("mlp, batch 64 per worker, 3.9 KiB of parameters") and (
+        "(timed layers)" in first
+    ), first
