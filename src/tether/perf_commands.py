@@ -258,6 +258,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tether.observe.perf_plots import plot_staleness
 
     perf_inputs.check_simulate_options(args)
+    perf_inputs.warn_tau_unused(args.tau, [args.method])
     out = Path(args.out) if args.out else Path("runs") / f"simulate-{_stamp()}"
     perf_inputs.check_out_dir(out)
     result = simulate(

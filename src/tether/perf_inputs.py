@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 import os
+import warnings
 from pathlib import Path
 
 from tether.config import TrainConfig
@@ -93,6 +94,7 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
 
     if args.scaling and args.max_workers < 1:
         raise TetherError(f"--max-workers must be >= 1, got {args.max_workers}")
+    warn_tau_unused(args.tau, methods)
     for method in methods:
         for workers in args.workers:
             Setup(
@@ -105,6 +107,19 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
                 ranks_per_node=args.ranks_per_node,
                 threads_per_worker=args.threads_per_worker,
             ).check(prefix="--")
+
+
+def warn_tau_unused(tau: int | None, methods: list[str]) -> None:
+    """``--tau`` given for methods that exchange after every step: it changes nothing there."""
+    from tether.perf.run_setup import EVERY_STEP_METHODS
+
+    unused = [m for m in methods if m in EVERY_STEP_METHODS]
+    if tau is not None and unused:
+        warnings.warn(
+            f"--tau has no effect on {', '.join(unused)} (each exchanges after every step)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 # tether simulate's options: (option, least, whether the least itself is refused); the

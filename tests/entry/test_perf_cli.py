@@ -402,3 +402,14 @@ def test_predict_takes_the_model_its_profile_file_timed(capsys, tmp_path: Path) 
     assert first.startswith("mlp, batch 64 per worker, 3.9 KiB of parameters") and (
         "(timed layers)" in first
     ), first
+
+
+def test_a_tau_the_method_does_not_take_is_named(capsys, tmp_path: Path) -> None:
+    # Before, --tau with sync-sgd (or simulate's hogwild-sgd) changed nothing, without a word.
+    argv = ["predict", "--profile", "k80-8gpu-pcie", "--method", "sync-sgd,sync-easgd"]
+    assert main([*argv, "--tau", "4", "--workers", "2", "--out", str(tmp_path / "p")]) == 0
+    err = capsys.readouterr().err
+    assert "--tau has no effect on sync-sgd (each exchanges after every step)" in err
+    argv = ["simulate", "--method", "hogwild-sgd", "--tau", "4", "--rounds", "10"]
+    assert main([*argv, "--out", str(tmp_path / "s")]) == 0
+    assert "--tau has no effect on hogwild-sgd" in capsys.readouterr().err

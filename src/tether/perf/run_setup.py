@@ -23,6 +23,8 @@ SERVER_METHODS = (
     "hogwild-easgd",
 )
 PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
+# the methods that exchange after every step: a period (tau) does not apply to them
+EVERY_STEP_METHODS = ("sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd")
 # what --allreduce may name: the run's own choices ("native": the backend's; "auto": the fastest
 # for each size, priced as the model's fastest) and every schedule the model prices
 PRICED_ALL_REDUCES = ("native", "auto", *ALL_REDUCE_ALGORITHMS)

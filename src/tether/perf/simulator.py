@@ -45,9 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from tether.perf.run_setup import EVERY_STEP_METHODS
+
 _FCFS = ("async-sgd", "async-msgd", "async-easgd", "async-measgd")
 SIMULATED_METHODS: tuple[str, ...] = (*_FCFS, "hogwild-sgd", "hogwild-easgd", "original-easgd")
-_ONE_STEP = ("async-sgd", "async-msgd", "hogwild-sgd")
+_ONE_STEP = tuple(m for m in EVERY_STEP_METHODS if m in SIMULATED_METHODS)
 _DRAW_BLOCK = 1 << 22  # random numbers per block: bounded memory with tau local steps per round
 
 
