@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
+from tether.errors import TetherError
 
 MAX_SCALING_WORKERS = 4096
 
@@ -30,6 +32,28 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected counts >= 1 like 1,2,4, got {text!r}")
     return values
+
+
+def _slow_workers(text: str) -> tuple[int, float]:
+    """``N:F`` of ``--slow-workers``: a count >= 1 and a factor > 0."""
+    count, _, factor = text.partition(":")
+    try:
+        n, f = int(count), float(factor)
+    except ValueError:
+        n, f = 0, 0.0
+    if n < 1 or not (math.isfinite(f) and f > 0):
+        raise argparse.ArgumentTypeError(f"expected N:F like 1:4 (N >= 1, F > 0), got {text!r}")
+    return n, f
+
+
+def _factors(slow: tuple[int, float] | None, workers: int) -> list[float] | None:
+    """Each simulated worker's step-time factor: the first N at F, the others at 1."""
+    if slow is None:
+        return None
+    n, factor = slow
+    if n > workers:
+        raise TetherError(f"--slow-workers {n}:{factor:g} names more than the {workers} workers")
+    return [factor] * n + [1.0] * (workers - n)
 
 
 def _stamp() -> str:
@@ -274,6 +298,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         service_s=args.service_ms / 1e3,
         tau=method_tau(args.method, args.tau),
         seed=args.seed,
+        worker_factors=_factors(args.slow_workers, args.workers),
     )
     data = result.to_dict()
     out.mkdir(parents=True, exist_ok=True)
@@ -352,17 +377,33 @@ def add_perf_parsers(sub: Any) -> None:
         "staleness distribution, server utilisation. Writes OUT/simulate.json and "
         "staleness.png.",
     )
-    simulate.add_argument("--method", default="async-sgd", help="a server or Hogwild method")
+    simulate.add_argument(
+        "--method", default="async-sgd", help="a server or Hogwild method (default async-sgd)"
+    )
     simulate.add_argument("--workers", type=int, default=64, help="simulated workers (64)")
-    simulate.add_argument("--rounds", type=int, default=1000, help="exchanges per worker")
-    simulate.add_argument("--step-ms", type=float, default=10.0, help="mean local step (ms)")
-    simulate.add_argument("--message-ms", type=float, default=0.5, help="one message (ms)")
-    simulate.add_argument("--service-ms", type=float, default=0.1, help="server per exchange")
+    simulate.add_argument("--rounds", type=int, default=1000, help="exchanges per worker (1000)")
+    simulate.add_argument("--step-ms", type=float, default=10.0, help="mean local step, ms (10)")
+    simulate.add_argument("--message-ms", type=float, default=0.5, help="one message, ms (0.5)")
+    simulate.add_argument(
+        "--service-ms", type=float, default=0.1, help="the server's work per exchange, ms (0.1)"
+    )
     simulate.add_argument("--tau", type=int, help="local steps per exchange (method's default)")
-    simulate.add_argument("--heterogeneity", type=float, default=0.0, help="speed spread sigma")
-    simulate.add_argument("--jitter", type=float, default=0.0, help="per-step spread sigma")
-    simulate.add_argument("--straggler-probability", type=float, default=0.0, help="per step")
-    simulate.add_argument("--straggler-slowdown", type=float, default=1.0, help="x slower")
-    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument(
+        "--heterogeneity", type=float, default=0.0, help="workers' speed spread, sigma (0)"
+    )
+    simulate.add_argument("--jitter", type=float, default=0.0, help="per-step spread, sigma (0)")
+    simulate.add_argument(
+        "--straggler-probability", type=float, default=0.0, help="a step straggles (0)"
+    )
+    simulate.add_argument(
+        "--straggler-slowdown", type=float, default=1.0, help="a straggling step x slower (1)"
+    )
+    simulate.add_argument(
+        "--slow-workers",
+        metavar="N:F",
+        type=_slow_workers,
+        help="the first N workers F times slower, e.g. 1:4 (default none)",
+    )
+    simulate.add_argument("--seed", type=int, default=0, help="(0)")
     simulate.add_argument("--out", metavar="DIR", help="default runs/simulate-TIME")
     simulate.set_defaults(func=cmd_simulate)

@@ -218,9 +218,12 @@ def simulate(
     service_s: float = 0.0,
     tau: int | None = None,
     seed: int = 0,
+    worker_factors: Sequence[float] | None = None,
 ) -> SimulationResult:
     """A discrete-event simulation of an asynchronous or round-robin method
-    (:mod:`tether.perf.simulator`): throughput, staleness and the server's utilisation."""
+    (:mod:`tether.perf.simulator`): throughput, staleness and the server's utilisation.
+    ``worker_factors``: one step-time multiplier per worker (``[4, 1, 1, 1]``: rank 1 is 4x
+    slower), on top of the random spreads."""
     workers, rounds, seed = (
         _count("workers", workers, 1),
         _count("rounds", rounds, 1),
@@ -235,6 +238,7 @@ def simulate(
             jitter=jitter,
             straggler_probability=straggler_probability,
             straggler_slowdown=straggler_slowdown,
+            worker_factors=tuple(_plain(f) for f in worker_factors or ()),
         )
         config = SimulationConfig(
             method=method,
