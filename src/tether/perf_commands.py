@@ -165,6 +165,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
     perf_inputs.check_out_dir(out)
     profile = load_profile(args.profile)
+    perf_inputs.check_one_node(methods, args.workers, profile, args.ranks_per_node)
     if args.model is None:  # the model the profile file timed, else lenet5
         args.model = perf_workloads.stored_model(args.profile)
     config = _config(args)

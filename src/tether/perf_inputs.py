@@ -12,9 +12,13 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.config import TrainConfig
 from tether.errors import TetherError
+
+if TYPE_CHECKING:  # the perf model is imported where it is used
+    from tether.perf.profile import HardwareProfile
 
 
 def check_out_file(out: Path) -> None:
@@ -107,6 +111,23 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
                 ranks_per_node=args.ranks_per_node,
                 threads_per_worker=args.threads_per_worker,
             ).check(prefix="--")
+
+
+def check_one_node(
+    methods: list[str], workers: list[int], profile: HardwareProfile, ranks_per_node: int | None
+) -> None:
+    """A method held to one node (hogwild-sgd) at more workers than a node has: refused before
+    anything is timed or printed, as the prediction would refuse it."""
+    from tether.perf.run_setup import one_node_limit
+
+    for method in methods:
+        limit = one_node_limit(method, profile.ranks_per_node, ranks_per_node or 0)
+        if limit is not None and max(workers) > limit:
+            raise TetherError(
+                f"{method} shares its weights in one node's memory: at most {limit} workers on "
+                f"{profile.name} ({limit} ranks per node, --ranks-per-node), got "
+                f"--workers {max(workers)}; across nodes, async-sgd or hogwild-easgd"
+            )
 
 
 def warn_tau_unused(tau: int | None, methods: list[str]) -> None:

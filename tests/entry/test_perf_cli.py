@@ -431,3 +431,11 @@ def test_simulate_pins_slow_workers(capsys, tmp_path: Path) -> None:
     assert "--slow-workers 9:2 names more than the 8 workers" in line
     with pytest.raises(TetherError, match="worker_factors has 2 entries for 8 workers"):
         tether.simulate("async-easgd", 8, 10, 0.01, worker_factors=[4, 1])
+
+
+def test_hogwild_sgd_beyond_a_node_is_refused_before_anything_is_printed(capsys) -> None:
+    argv = ["predict", "--profile", "p40-cluster", "--method", "hogwild-sgd", "--workers", "8,64"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the table never started
+    assert "hogwild-sgd shares its weights in one node's memory: at most 8 workers" in captured.err
