@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.entry.test_api_e2e import HANGING_SERVER_TEMPLATE
+
 VENV_BIN = Path(sys.executable).parent
 
 # Rank 2 hangs in its loop (a stuck data loader, a deadlock: it sleeps, as they wait) after 20
@@ -193,3 +195,21 @@ def test_a_worker_whose_code_raises_does_not_end_the_others(tmp_path: Path) -> N
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
     assert "closed its connection" in summary["lost_workers"][0]["reason"]
+
+
+@pytest.mark.slow
+def test_workers_that_give_a_hung_hogwild_server_up_end_the_torchrun_run(tmp_path: Path) -> None:
+    # Hogwild workers find a hung server by its pulse on the shared board, outside any exchange:
+    # taken for their own failure, they left with status 0 and torchrun waited for the hung
+    # server for ever (found by review). Their link is marked broken now, so they fail.
+    script = tmp_path / "script.py"
+    script.write_text(
+        HANGING_SERVER_TEMPLATE.format(
+            setup="", init='method="hogwild-sgd", timeout_s=5', delay=3.0
+        )
+    )
+    code, _, stderr, took = _torchrun([str(script)], tmp_path)
+    assert code != 0, stderr[-3000:]
+    assert "pulse stood still" in stderr, stderr[-3000:]
+    assert "carries on without it" not in stderr
+    assert took < 60, took

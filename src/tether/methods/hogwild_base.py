@@ -213,7 +213,8 @@ class HogwildMethod(ServerMethod):
         if self.board is not None:
             self.board[self.worker_index()] = self.local_step
             hung = self.server_pulse.check(int(self.board[2 * self.workers + 1]))
-            if hung:
+            if hung:  # the server's failure, not this worker's own: the launcher's to end
+                self.link.failed = True
                 raise TetherError(f"{hung}: this worker gives it up")
             if self.scheduler is not None:
                 self.advance_schedule(sum(self.board_steps()) // self.workers)

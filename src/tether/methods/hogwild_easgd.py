@@ -266,6 +266,8 @@ class HogwildEASGD(HogwildMethod):
         any length up to it) would fail the exchange's arithmetic half-way, or (a view) silently
         leave part of the model behind."""
         if length != self.flat.numel():
+            if not self.is_server:  # the server is broken: not this worker's own failure
+                self.link.failed = True
             raise ProtocolError(f"{what} has {length} elements, not {self.flat.numel()}")
 
     def _send(self, payload: torch.Tensor, rank: int, kind: MessageKind) -> None:
