@@ -213,3 +213,17 @@ def test_workers_that_give_a_hung_hogwild_server_up_end_the_torchrun_run(tmp_pat
     assert "pulse stood still" in stderr, stderr[-3000:]
     assert "carries on without it" not in stderr
     assert took < 60, took
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_worker_failed_fails(tmp_path: Path) -> None:
+    # Each failing worker leaves with status 0 (its own failure), so the server's status must
+    # say that none finished: it exited 0 and the run "succeeded" (found by review).
+    script = tmp_path / "script.py"
+    script.write_text(
+        FAILING_WORKER_SCRIPT.replace("if ctx.rank == 2 and step == 20", "if step == 20")
+    )
+    code, stdout, stderr, _ = _torchrun([str(script), "async-sgd"], tmp_path)
+    assert code != 0, stderr[-3000:]
+    assert stderr.count("carries on without it") == 2 and "finished" not in stdout
+    assert "tether: error: server rank 0: every worker was lost" in stderr, stderr[-3000:]

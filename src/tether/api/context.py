@@ -171,10 +171,20 @@ class Context:
         watch_self(f"server rank {self.rank}", self.config.timeout_s)  # with no supervisor
         for rank, reason in sorted(result.lost_workers.items()):
             print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
+        # A run whose every worker was lost did no work: the server's status says so, as the
+        # trainer's server fails such a run (its workers may all have left with status 0).
+        status = 0 if result.finished_steps or not result.lost_workers else 1
+        if status:
+            print(
+                f"tether: error: server rank {self.rank}: every worker was lost, none said "
+                "goodbye (ctx.finish())",
+                file=sys.stderr,
+                flush=True,
+            )
         self.finished = True
         shut_down_process_group()
         stop_watching()
-        raise SystemExit(0)
+        raise SystemExit(status)
 
     def sampler(
         self, dataset: Dataset, batch_size: int | None = None, seed: int | None = None
