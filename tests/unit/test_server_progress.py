@@ -3,6 +3,7 @@ batch that takes near --timeout (which that cannot cover) is said once."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+import tether.observe.files as files
 import tether.training.server_progress as server_progress
+from tether.methods.flat import flatten_parameters
 from tether.observe.files import ReportingWriter, atomic_write
 from tether.training.checkpoint import save_checkpoint
 from tether.training.server_progress import WaitingWorkers
@@ -91,6 +94,18 @@ def test_a_long_save_goes_to_the_disk_as_it_goes(
     assert synced == [3000, 6000]  # the bytes on the disk at each sync: at most 2999 left over
     assert events[2:4] == [("fsync", 3000), ("progress", 0)]  # the sync, then its report
     assert [what for what, _ in events].count("progress") == 6
+    # One large write (torch.save writes a model whose parameters share one flat storage, as a
+    # parameter server's do, in a single call) goes in pieces: it was one silent sync.
+    events.clear()
+    monkeypatch.setattr(files, "SYNC_EVERY_BYTES", 1 << 20)
+    model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000))
+    flatten_parameters(model)  # 8 MB in one storage
+    state = model.state_dict()
+    atomic_write(tmp_path / "flat.pt", lambda handle: torch.save(state, handle), lambda: None)
+    synced = [size for what, size in events if what == "fsync"]
+    assert len(synced) >= 8 and all(b - a <= 1 << 20 for a, b in itertools.pairwise(synced))
+    loaded = torch.load(tmp_path / "flat.pt", weights_only=True)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
 def test_a_checkpoint_saved_with_progress_is_the_same_file(tmp_path: Path) -> None:

@@ -39,28 +39,32 @@ class ReportingWriter:
     busy) for as long as its bytes keep reaching the file, and falls silent when they stop (a
     hung disk is not taken for progress). ``progress`` limits its own rate.
 
-    Every ``sync_every`` bytes it also syncs them to the disk (``fsync``) and reports: a write
-    lands in the page cache at once, and the save's final sync would otherwise take the whole
+    Every ``sync_every`` bytes it also syncs them to the disk (``fsync``) and reports, a larger
+    write going in pieces of that size: a write lands in the page cache at once, and the save's final sync would otherwise take the whole
     file to the disk in one silent call (minutes on a slow network file system, long enough to
     lose the waiting workers). So its progress is the disk's, and the last sync is short."""
 
     def __init__(
-        self, handle: IO[bytes], progress: Callable[[], None], sync_every: int = SYNC_EVERY_BYTES
+        self, handle: IO[bytes], progress: Callable[[], None], sync_every: int | None = None
     ) -> None:
         self.handle = handle
         self.progress = progress
-        self.sync_every = sync_every
+        self.sync_every = sync_every or SYNC_EVERY_BYTES
         self._unsynced = 0
 
     def write(self, data: Any) -> int:
-        written = self.handle.write(data)
-        self._unsynced += written
-        if self._unsynced >= self.sync_every:
-            self.handle.flush()
-            os.fsync(self.handle.fileno())
-            self._unsynced = 0
-        self.progress()
-        return written
+        # in pieces: torch.save writes a model whose parameters share one flat storage (a
+        # parameter server's) in a single call, which would otherwise be one silent sync
+        view = memoryview(data).cast("B")
+        for start in range(0, max(len(view), 1), self.sync_every):
+            piece = view[start : start + self.sync_every]
+            self._unsynced += self.handle.write(piece)
+            if self._unsynced >= self.sync_every:
+                self.handle.flush()
+                os.fsync(self.handle.fileno())
+                self._unsynced = 0
+            self.progress()
+        return len(view)
 
     def flush(self) -> None:
         self.handle.flush()
