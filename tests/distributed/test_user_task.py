@@ -20,8 +20,10 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -272,7 +274,24 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     out["ddp"] = _ddp(rank, world)
     out["wrap-easgd-a"] = _wrap_loop(rank, world, "sync-easgd")
     out["wrap-easgd-b"] = _wrap_loop(rank, world, "sync-easgd")
+    out["slow-merge"] = _slow_timeline_merge(base)
     return out
+
+
+def _slow_timeline_merge(base: Path) -> dict[str, Any]:
+    """A parameter server with no supervisor (these ranks have none) watches its own pulse
+    after serving, and the timeline's merge, after the results, never beats: a merge longer
+    than --timeout (here made 3 s against 2 s) got a healthy, finished server killed
+    (found by review). The watch ends once the results are written."""
+    original = Trainer._save_timeline
+
+    def slow(self: Trainer, merge: bool = False) -> None:
+        if merge:
+            time.sleep(3.0)
+        original(self, merge)
+
+    with mock.patch.object(Trainer, "_save_timeline", slow):
+        return _train(base, "slow-merge", _task(), method="async-sgd", timeline=True, timeout_s=2.0)
 
 
 def _single_process(clip: float | None = None) -> np.ndarray:
@@ -367,6 +386,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path: Path) -> None:
     results = run_spawned(_everything, WORLD, str(tmp_path), timeout_s=60)
     summaries = results[0]
+    assert summaries["slow-merge"]["steps"] > 0  # the server lived through its slow merge
     start = _untrained_loss()
     for method in METHODS:
         summary = summaries[method]

@@ -195,7 +195,7 @@ class Trainer:
             # other machines: see docs/timeline.md).
             self._save_timeline(merge=self.is_writer)
         finally:
-            stop_watching()  # a server's watch on itself (no supervisor) ends with its run
+            stop_watching()  # a server's watch on itself (no supervisor): also after a failure
             self.metrics.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
@@ -229,8 +229,8 @@ class Trainer:
         )
         try:
             result = self.method.serve(hooks)
-        finally:
-            hooks.close(self.rank)  # its serving over, the server beats for its supervisor
+        finally:  # its serving over: the server beats for its supervisor, or watches itself
+            hooks.close(self.rank)
         last = max(result.global_step, self.record.start_step)
         if not self.kept:
             hooks.evaluate_last(last)
@@ -248,6 +248,7 @@ class Trainer:
             extra = {**extra, "status": "failed", "error": str(failure)}
         with self.scoring.busy():
             self._write_results(last, result.totals, model_state, extra)
+        stop_watching()  # written: the timeline's merge (no beats, minutes for a long trace) is not
         if failure is not None:
             raise failure
 
