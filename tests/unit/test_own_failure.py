@@ -51,3 +51,41 @@ def test_only_a_joined_workers_own_failure_leaves_quietly(
         assert done.returncode != 0
         assert "carries on without it" not in done.stderr
         assert error.split("(")[0] in done.stderr  # the usual traceback
+
+
+TWO_RUNS = """
+import sys
+from tether.methods.own_failure import tolerate_own_failure, withdraw
+
+
+class Link:
+    in_exchange = 0
+    failed = False
+
+
+tolerate_own_failure(Link(), 1, "async-sgd")
+withdraw()
+inner = sys.excepthook
+
+
+def rank_prefix(kind, exc, tb):  # as torch's process group wraps the hook it finds
+    sys.stderr.write("[rank1]: ")
+    inner(kind, exc, tb)
+
+
+sys.excepthook = rank_prefix
+tolerate_own_failure(Link(), 1, "async-sgd")  # a second run in this process
+withdraw()  # its goodbye: a failure now is the launcher's
+raise ValueError("after the goodbye")
+"""
+
+
+def test_a_second_run_in_the_process_chains_the_hooks_once() -> None:
+    # Before: the second run took torch's wrapper (around our hook) for the previous hook, and
+    # the two called each other until a RecursionError hid the exception (found by review).
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RUNS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "RecursionError" not in done.stderr
+    assert done.stderr.count("ValueError: after the goodbye") == 1, done.stderr

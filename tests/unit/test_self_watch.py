@@ -64,3 +64,28 @@ def test_a_server_with_a_supervisor_leaves_the_watch_to_it(tmp_path: Path) -> No
     # The supervisor names the pulse file and ends a hung server itself: no second watch.
     code, output, _ = _run(beats=0, hang=2.5, env={PULSE_MARK_ENV: str(tmp_path / "pulse")})
     assert (code, output.strip()) == (0, "exited by itself")
+
+
+FULL_PIPE = """
+import sys
+from tether.observe.pulse_mark import start_pulse, watch_self
+start_pulse(1)
+watch_self("server rank 0", 1.0)
+sys.stderr.write("x" * 1_000_000)  # nobody reads the pipe: stuck in the write, its lock held
+sys.stderr.flush()
+"""
+
+
+def test_a_server_stuck_writing_to_a_full_stderr_still_ends() -> None:
+    # Before, the watch printed through sys.stderr, whose lock the stuck main thread held:
+    # the watch blocked too and the process never ended (found by review).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FULL_PIPE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        code = proc.wait(timeout=20)  # the stderr pipe is never read while it runs
+    finally:
+        proc.kill()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    assert code == 1

@@ -35,6 +35,7 @@ from tether.launch.worker import (
     rendezvous_store,
 )
 from tether.methods import METHODS
+from tether.methods.own_failure import withdraw
 from tether.runner import placement_of
 from tether.training.model_parallel import check_model_parallel, plan_option
 
@@ -57,6 +58,7 @@ def init(method: str | None = None, **options: Any) -> Context:
             "own process group): end it with ctx.finish() (or "
             "torch.distributed.destroy_process_group()) before calling tether.init again"
         )
+    withdraw()  # an earlier run's worker, in this process, no longer leaves on its failures
     launched_for = launcher_method()
     if method is not None and launched_for is not None and method != launched_for:
         raise TetherError(

@@ -41,13 +41,17 @@ def tolerate_own_failure(link: WatchedLink, rank: int, method: str) -> None:
     """The worker has joined a run that carries on without a lost worker, with no supervisor:
     from now on its own failure ends only its process, with status 0."""
     _Joined.link, _Joined.rank, _Joined.method = link, rank, method
-    if sys.excepthook is not _hook:
-        _Previous.hook = sys.excepthook
+    if not _Previous.installed:
+        # Once per process: a later run's process group wraps the hook it finds (torch's
+        # rank prefix), ours among it, and taking that wrapper as "the previous hook" would
+        # make the two call each other for ever.
+        _Previous.hook, _Previous.installed = sys.excepthook, True
         sys.excepthook = _hook
 
 
 def withdraw() -> None:
-    """The worker's goodbye: its failures from now on are the launcher's to report."""
+    """The worker's goodbye (or a new run's start): its failures from now on are the
+    launcher's to report."""
     _Joined.link = None
 
 
@@ -74,6 +78,7 @@ def leave_if_tolerated(exc: BaseException) -> None:
 
 class _Previous:
     hook = sys.excepthook
+    installed = False
 
 
 def _hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:

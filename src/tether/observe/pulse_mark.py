@@ -79,17 +79,22 @@ def read_pulse(path: Path) -> tuple[float, float] | None:
     return (beaten, timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else None
 
 
-def watch_self(who: str, timeout_s: float) -> None:
+def watch_self(
+    who: str, timeout_s: float, doing: str = "its final evaluation, saving the results"
+) -> None:
     """The serving is over and no supervisor watches this process (no file named): end it,
     saying why, if its beats stand still for ``timeout_s`` from now on (``who``: "server rank
-    0"). Stops with :func:`stop_watching` (the trainer's run is over, results written; a new
-    :func:`start_pulse`) or with the process."""
+    0"; ``doing``: what it has left to do). Stops with :func:`stop_watching` (the results are
+    written; a new :func:`start_pulse`) or with the process."""
     if _path() is not None or not (math.isfinite(timeout_s) and timeout_s > 0):
         return
     beat()
     _Beats.watch += 1
     threading.Thread(
-        target=_watch, args=(who, timeout_s, _Beats.watch), name="tether-self-watch", daemon=True
+        target=_watch,
+        args=(who, timeout_s, doing, _Beats.watch),
+        name="tether-self-watch",
+        daemon=True,
     ).start()
 
 
@@ -98,29 +103,39 @@ def stop_watching() -> None:
     _Beats.watch += 1
 
 
-def _watch(who: str, timeout_s: float, number: int) -> None:
+SAY_S = 1.0  # how long the leaving process waits for its last words to reach stderr
+
+
+def _watch(who: str, timeout_s: float, doing: str, number: int) -> None:
     while _Beats.watch == number:
         still = time.monotonic() - _Beats.last
         if still >= timeout_s:
-            print(
+            text = (
                 f"tether: {who} stopped answering after every worker had finished: its pulse "
-                f"(its final evaluation, saving the results) stood still for "
-                f"{still:.0f} s (--timeout {timeout_s:g} s); it ends with status 1 (its threads' "
-                "stacks follow)",
-                file=sys.stderr,
-                flush=True,
+                f"({doing}) stood still for {still:.0f} s (--timeout {timeout_s:g} s); it ends "
+                "with status 1 (its threads' stacks follow)\n" + _other_stacks()
             )
-            _print_other_stacks()
+            # Straight to fd 2, from a thread of its own, for at most SAY_S: the stuck thread
+            # may hold sys.stderr's lock, and a full pipe would block the write for ever.
+            say = threading.Thread(target=_say, args=(text.encode(),), daemon=True)
+            say.start()
+            say.join(SAY_S)
             os._exit(1)  # the main thread is stuck: no exception would reach it
         time.sleep(min(timeout_s - still, 1.0))
 
 
-def _print_other_stacks() -> None:
+def _say(data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(2, data) :]
+
+
+def _other_stacks() -> str:
     """Where every thread but this watch is, as a traceback prints it (the main thread: where
     the server is stuck)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
-    for ident, frame in sys._current_frames().items():
-        if ident != threading.get_ident():
-            stack = "".join(traceback.format_stack(frame))
-            print(f"thread {names.get(ident, ident)}:\n{stack}", file=sys.stderr, end="")
-    sys.stderr.flush()
+    return "".join(
+        f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+        if ident != threading.get_ident()
+    )
