@@ -98,7 +98,6 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
 
     if args.scaling and args.max_workers < 1:
         raise TetherError(f"--max-workers must be >= 1, got {args.max_workers}")
-    warn_tau_unused(args.tau, methods)
     for method in methods:
         for workers in args.workers:
             Setup(
@@ -111,6 +110,7 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
                 ranks_per_node=args.ranks_per_node,
                 threads_per_worker=args.threads_per_worker,
             ).check(prefix="--")
+    warn_tau_unused(args.tau, methods)  # after the checks: a refused --tau is only refused
 
 
 def check_one_node(
