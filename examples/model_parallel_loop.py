@@ -47,7 +47,8 @@ def digits() -> tuple[TensorDataset, TensorDataset]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", default="sync-easgd")
+    # default: tether launch --method's, else tether.init's own (sync-easgd)
+    parser.add_argument("--method", default=None)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
 
@@ -75,7 +76,9 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (whole(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean()
     if ctx.is_main:
-        print(f"{args.method} on a 2 x 2 grid: test accuracy {accuracy:.3f} (unsharded model)")
+        print(
+            f"{ctx.config.method} on a 2 x 2 grid: test accuracy {accuracy:.3f} (unsharded model)"
+        )
     ctx.finish()
 
 

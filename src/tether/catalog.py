@@ -9,6 +9,7 @@ settings the chosen method ignores).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -57,6 +58,10 @@ def resolve_config(
 ) -> TrainConfig:
     """Defaults (or ``base``) <- the method's tuned defaults <- config file <- overrides, validated,
     every name and import path checked."""
+    from tether.training.model_parallel import check_method_composes
+
+    given = {**dataclasses.asdict(base or TrainConfig()), **(overrides or {})}
+    check_method_composes(given["method"], given["model_parallel"])  # before the worker count
     config = config_sources.resolve_config(file, overrides, base, method_defaults)
     check_names(config)
     return config

@@ -61,8 +61,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         task = task_from_config(config)
         model = unseeded_model(task)  # built once, for every check below
         METHODS.get(config.method).check_model(model)  # e.g. one dtype
+        # every layer the plan splits, before launch, and before the probe's forward (which
+        # turns a LazyLinear the plan cannot split into a Linear it can)
+        check_plan_on_model(config, model)
         probe_task(task, model=model, target=config.target_spec, config=config)
-        check_plan_on_model(config, model)  # every layer the plan splits, before launch
         samples = len(task.train_data)  # type: ignore[arg-type]  # probe_task: map-style
     if samples is not None:
         warn_long_warmup(config, samples)
@@ -116,7 +118,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         tolerant = bool(getattr(method, "tolerates_worker_loss", False))
     processes = args.workers + servers
     print(
-        f"tether: {processes} processes ({args.workers} workers"
+        f"tether: {counted(processes, 'process', 'processes')} "
+        f"({counted(args.workers, 'worker')}"
         f"{' + 1 server' if servers else ''}) running {script}",
         file=sys.stderr,
     )

@@ -86,7 +86,7 @@ def check_kept(
     ``unused``: settings the run does not read (a user's own optimizer sets its own rate), which
     the warning about ignored settings names instead: the run's value would mislead."""
     keys = [key for key in KEPT + KEPT_BY_METHOD.get(saved.method, ()) if key not in unused]
-    changed = [key for key in keys if getattr(config, key) != getattr(saved, key)]
+    changed = [key for key in keys if not _same(key, getattr(config, key), getattr(saved, key))]
     if not changed:
         return
     asked = ", ".join(f"{key} {_text(getattr(config, key))}" for key in changed)
@@ -99,6 +99,16 @@ def check_kept(
         f"optimizer, schedule, method state and data position were made under; leave {named} "
         f"out (or give {value}) to continue it, or start a new run in another directory"
     )
+
+
+def _same(key: str, asked: Any, had: Any) -> bool:
+    """Whether a kept setting has the run's value: a parallel plan as the layers it splits,
+    however written (``"fc1=column, fc2=row"``, two entries, another order)."""
+    if key == "parallel_plan" and asked != had:
+        from tether.parallel.plan import parse_plan  # torch: only where plans differ in text
+
+        return parse_plan(asked) == parse_plan(had)
+    return bool(asked == had)
 
 
 def _text(value: Any) -> str:

@@ -105,12 +105,6 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         int,
         "ranks per model group, which split the layers --parallel-plan names (default 1)",
     ),
-    (
-        "--parallel-plan",
-        "parallel_plan",
-        str,
-        "layers to split: name=kind,... with kinds column, row, channel, input-channel",
-    ),
 ]
 
 
@@ -148,6 +142,13 @@ FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
         "also write TensorBoard event files to DIR/tensorboard",
     ),
     ("--no-progress", "progress", "store_false", "no progress bar"),
+    (
+        "--parallel-plan",
+        "parallel_plan",
+        "append",
+        "layers to split: name=kind,... with kinds column, row, channel, input-channel; "
+        "repeatable (the entries add up)",
+    ),
 ]
 FLAG_KEYS = tuple(key for _, key, _, _ in FLAG_OPTIONS)
 
@@ -164,7 +165,8 @@ def add_train_options(
             help_text = f"run directory (default: {out_default})"
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
     for flag, key, action, help_text in FLAG_OPTIONS:
-        named: dict[str, Any] = {"metavar": "NAME"} if action == "append" else {}
+        metavar = "LAYER=KIND,..." if key == "parallel_plan" else "NAME"
+        named: dict[str, Any] = {"metavar": metavar} if action == "append" else {}
         parser.add_argument(
             flag, dest=key, action=action, default=argparse.SUPPRESS, help=help_text, **named
         )

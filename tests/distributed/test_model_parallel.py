@@ -185,7 +185,13 @@ def _unseeded_ranks_share_one_model(group: TorchTransport) -> float:
     for tensor in first.values():
         group.broadcast(tensor, src=0)  # group rank 0's original, to compare with
     sharded = parallelize(own, MLP_PLAN, group)
-    return _max_diff(first, full_state_dict(sharded))
+    differs = _max_diff(first, full_state_dict(sharded))
+    # and one random state: a dropout outside the split layers draws the same mask on every
+    # rank of the group (before, each rank its own: the replicated parts drifted apart)
+    mask = F.dropout(torch.ones(64), 0.5, training=True)
+    theirs = mask.clone()
+    group.broadcast(theirs, src=0)
+    return max(differs, float((mask - theirs).abs().max()))
 
 
 def _column_row_counts(group: TorchTransport) -> dict[str, int]:

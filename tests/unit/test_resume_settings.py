@@ -171,3 +171,23 @@ def test_a_rate_the_users_own_optimizer_sets_is_not_the_runs_to_keep(tmp_path: P
     assert config.resume
     with pytest.raises(TetherError, match=r"with lr 0\.5: the run has lr 0\.05"):
         _config(model, data, None, None, None, None, *args)  # the method's own SGD: its rate
+
+
+def test_a_parallel_plan_written_another_way_is_the_same_plan(tmp_path: Path) -> None:
+    # Before: "cannot resume ... with parallel_plan ['fc1=column', 'fc2=row']: the run has
+    # parallel_plan ['fc1=column,fc2=row']", the same two splits written another way.
+    run = _run(tmp_path, workers=4, model_parallel=2, parallel_plan=("fc1=column,fc2=row",))
+    same = _resume(run, "--parallel-plan", " fc2=row , fc1=column")
+    assert same.model_parallel == 2
+    with pytest.raises(TetherError, match=r"parallel_plan .*: the run has parallel_plan"):
+        _resume(run, "--parallel-plan", "fc1=column")
+
+
+def test_repeated_parallel_plans_add_up() -> None:
+    # Before, a second --parallel-plan replaced the first without a word.
+    parser = argparse.ArgumentParser()
+    add_train_options(parser)
+    argv = ["--method", "sync-sgd", "--workers", "2", "--model-parallel", "2"]
+    argv += ["--parallel-plan", "fc1=column", "--parallel-plan", "fc2=row"]
+    config = config_from_args(parser.parse_args(argv), str)
+    assert config.parallel_plan == ("fc1=column", "fc2=row")

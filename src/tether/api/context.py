@@ -31,7 +31,7 @@ from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMeth
 from tether.observe.joined import mark_joined
 from tether.observe.metrics import PhaseTotals
 from tether.observe.pulse_mark import start_pulse, stop_watching, watch_self
-from tether.parallel import is_parallel, parallelize, parse_plan
+from tether.parallel import is_parallel, parallelize, parse_plan, sharded_layers
 from tether.precision import Precision
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
@@ -108,8 +108,9 @@ class Context:
         """Split ``model``'s layers over this rank's model group (``model_parallel`` in
         ``tether.init``), by ``plan`` (``{"fc1": "column", "fc2": "row"}``; default: the
         ``parallel_plan`` option), in place; call it before building the optimizer. Every rank
-        of the group takes its rank 0's full model first (a broadcast), so the ranks need not
-        have seeded alike. Save with
+        of the group takes its rank 0's full model first (a broadcast) and its random state
+        (dropout outside the split layers draws alike), so the ranks need not have seeded
+        alike. Save with
         ``tether.parallel.full_state_dict(ctx.eval_model())`` on every rank."""
         if self.grid is None:
             raise TetherError("ctx.parallelize needs tether.init(..., model_parallel=K), K > 1")
@@ -243,6 +244,8 @@ class Context:
             return
         # A worker's goodbye carries timings for a trainer's summary; a user's loop has none.
         method.finish(PhaseTotals() if method.server_processes else None)
+        for layer in sharded_layers(method.model).values():
+            layer.end()  # a split model cannot run without its group: said in one line
         shut_down_process_group()
 
     def _bound(self) -> TrainingMethod:

@@ -140,9 +140,9 @@ def fit(
     task = dataclasses.replace(task, collate_fn=collate_fn, loader_options=loading)
     model = unseeded_model(task)  # built once, for every check below
     METHODS.get(config.method).check_model(model)  # e.g. one dtype (as each worker would find)
+    check_plan_on_model(config, model)  # before the probe's forward (it fills lazy layers)
     probe_task(task, model=model, target=config.target_spec, config=config)
     check_launch(config)
-    check_plan_on_model(config, model)
     if isinstance(task.train_data, Sized):
         check_global_batch(config, len(task.train_data))
         warn_long_warmup(config, len(task.train_data), supplied)

@@ -37,7 +37,11 @@ from tether.launch.worker import (
 from tether.methods import METHODS
 from tether.methods.own_failure import withdraw
 from tether.runner import placement_of
-from tether.training.model_parallel import check_model_parallel, plan_option
+from tether.training.model_parallel import (
+    check_method_composes,
+    check_model_parallel,
+    plan_option,
+)
 
 COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
 _generation = 0  # process groups this process has started: each meets under its own key prefix
@@ -122,6 +126,7 @@ def init_configs(
     }
     if "parallel_plan" in values:  # a dict plan, as the config keeps it
         values["parallel_plan"] = plan_option(values["parallel_plan"])
+    check_method_composes(method, values.get("model_parallel"))  # before the worker count
     config = resolve_config(None, values, method_defaults=method_defaults)
     own_optimizer = resolve_config(
         None, {"lr_base_batch": 0, **values}, method_defaults=method_defaults

@@ -25,8 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tether.comm.transport import Transport
+from tether.errors import TetherError
 from tether.parallel.dist_array import DistArray, Layout
 from tether.parallel.mappings import copy_to_shards, reduce_from_shards, scatter_to_shards
+
+# the attributes of a Linear or Conv2d that a sharded layer keeps, with the whole layer's values
+WHOLE_SIZES = ("in_features", "out_features", "in_channels", "out_channels", "kernel_size")
 
 
 class _SharedGroup:
@@ -35,6 +39,7 @@ class _SharedGroup:
 
     def __init__(self, group: Transport) -> None:
         self.group = group
+        self.ended = False  # the run's process group is gone (ctx.finish): no forward
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _SharedGroup:
         return self
@@ -56,7 +61,17 @@ class ShardedLayer(nn.Module):
 
     @property
     def group(self) -> Transport:
+        if self._shared_group.ended:
+            raise TetherError(
+                "this model is split over its model group (model parallelism), which "
+                "ctx.finish() has ended: gather it first, on every rank before ctx.finish() "
+                "(tether.parallel.full_state_dict), and load that into your unsplit model"
+            )
         return self._shared_group.group
+
+    def end(self) -> None:
+        """The run is over: this layer (and every copy of it) refuses to run, in one line."""
+        self._shared_group.ended = True
 
     @classmethod
     def from_module(cls, module: nn.Module, group: Transport) -> ShardedLayer:
@@ -68,8 +83,12 @@ class ShardedLayer(nn.Module):
         return layer
 
     def _keep_settings(self, module: nn.Module) -> None:
-        """The layer's settings other than its parameters (a convolution's stride, ...)."""
-        del module
+        """The layer's settings other than its parameters (a convolution's stride, ...), and
+        the whole layer's sizes, which a model's own code may read (``self.fc1.in_features``):
+        the sizes of the layer it replaces, not of this rank's slice."""
+        for name in WHOLE_SIZES:
+            if hasattr(module, name):
+                setattr(self, name, getattr(module, name))
 
     def _take(self, module: nn.Module) -> None:
         """This rank's slice of each of ``module``'s parameters, as the same-named parameter."""
@@ -156,6 +175,7 @@ class _ConvGeometry(ShardedLayer):
 
     def _keep_settings(self, module: nn.Module) -> None:
         assert isinstance(module, nn.Conv2d)
+        super()._keep_settings(module)
         self.stride, self.padding, self.dilation = module.stride, module.padding, module.dilation
 
     def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -8,7 +8,13 @@ as written, the activations between sharded layers travel as
 tensor (a hook on the model makes it so), which the user's loss and metrics take as they are.
 
 Every rank of the group starts from group rank 0's full model (broadcast before slicing): the
-slices then reproduce that one initialisation exactly.
+slices then reproduce that one initialisation exactly. The ranks also take one random state
+(group rank 0 draws a seed and every rank of the group seeds torch with it): a random layer
+outside the split ones (dropout on the input, on a row layer's whole output) then draws the same
+numbers on every rank of the group, which holds one model (with seeds of their own, unseeded
+ranks included, its replicated parts drifted apart: each rank dropped other units). Dropout on
+a split activation then draws the same pattern on every shard (Megatron keeps a second, per-rank
+random state for those; not done here).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: Transport) -> 
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             group.broadcast(tensor.data, src=0)
+    share_random_state(group)
     for name, kind in plan.items():
         module = find_layer(model, name)
         sharded = layer_class(name, module, kind, group.world_size).from_module(module, group)
@@ -46,6 +53,14 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: Transport) -> 
         setattr(parent, child, sharded)
     model.register_forward_hook(_whole_output)
     return model
+
+
+def share_random_state(group: Transport) -> None:
+    """Seed torch alike on every rank of ``group``, with a seed group rank 0 draws from its own
+    generator (so model groups seeded apart stay apart)."""
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    group.broadcast(seed, src=0)
+    torch.manual_seed(int(seed))
 
 
 def _whole_output(module: nn.Module, args: Any, output: Any) -> Any:

@@ -29,18 +29,25 @@ def check_model_parallel(config: TrainConfig) -> None:
     TetherError line)."""
     if config.model_parallel == 1:
         return
-    method = config.method
-    if not METHODS.get(method).composes_with_model_parallel:
-        raise TetherError(
-            f"{method} does not run with model parallelism (its workers exchange whole models "
-            f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
-        )
+    check_method_composes(config.method, config.model_parallel)
     if config.ranks_per_node % config.model_parallel:
         raise TetherError(
             f"ranks_per_node ({config.ranks_per_node}) must be a multiple of model_parallel "
             f"({config.model_parallel}): a model group's ranks share a node"
         )
     parse_plan(config.parallel_plan)
+
+
+def check_method_composes(method: object, model_parallel: object) -> None:
+    """A method that does not run with model parallelism, refused first (before the worker
+    count is checked against the model groups: fixing that would only lead to this)."""
+    if not isinstance(method, str) or method not in METHODS:
+        return  # the config's own check names it
+    if model_parallel not in (None, 1) and not METHODS.get(method).composes_with_model_parallel:
+        raise TetherError(
+            f"{method} does not run with model parallelism (its workers exchange whole models "
+            f"with a server, shared memory or node groups); use {', '.join(composing_methods())}"
+        )
 
 
 def plan_option(plan: object) -> object:
