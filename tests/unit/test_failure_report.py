@@ -93,11 +93,22 @@ def test_a_stopped_rank_comes_first_and_lost_connections_keep_rank_order(tmp_pat
         },
     )
     message, _ = describe_failures(error, None, marks=marks)
+    # the ranks that failed alike in one clause (it was one per rank, the same words repeated)
     assert message.split("; ") == [
         "worker rank 2 was stopped (SIGSTOP) and stopped answering",
-        "worker rank 0 failed: RuntimeError: Timed out waiting 10000ms for recv",
-        "worker rank 1 failed: RuntimeError: Timed out waiting 10000ms for recv",
+        "worker ranks 0 and 1 failed: RuntimeError: Timed out waiting 10000ms for recv",
     ]
+
+
+def test_a_script_that_fails_alike_everywhere_is_one_clause(tmp_path: Path) -> None:
+    why = "TetherError: this model is split over its model group"
+    error = ChildFailedError("worker", {rank: _failure(tmp_path, rank, why) for rank in range(4)})
+    message, ranks = describe_failures(error, None, servers=1)
+    assert message.split("; ") == [
+        f"server rank 0 failed: {why}",
+        f"worker ranks 1, 2 and 3 failed: {why}",
+    ]
+    assert ranks == [0, 1, 2, 3]
 
 
 def test_what_counts_as_a_peers_doing() -> None:

@@ -84,6 +84,23 @@ def _gave_up(reason: str) -> bool:
     return any(marker in text for marker in _WAITED)
 
 
+def _alike_together(ranks: list[int], reasons: dict[int, str], servers: int) -> list[str]:
+    """One clause per reason: the workers that failed alike named together ("worker ranks 1, 2
+    and 3 failed: X", a script that fails the same way everywhere), in the order of their
+    first rank; a server apart."""
+    groups: dict[tuple[bool, str], list[int]] = {}
+    for rank in ranks:
+        groups.setdefault((rank < servers, reasons[rank]), []).append(rank)
+    clauses = []
+    for (_, reason), alike in groups.items():
+        if len(alike) == 1:
+            clauses.append(f"{rank_name(alike[0], servers)} failed: {reason}")
+        else:
+            listed = ", ".join(str(r) for r in alike[:-1]) + f" and {alike[-1]}"
+            clauses.append(f"worker ranks {listed} failed: {reason}")
+    return clauses
+
+
 def rank_name(rank: int, servers: int = 0) -> str:
     """How a report names a rank: the first ``servers`` ranks are a parameter server's."""
     return f"{'server' if rank < servers else 'worker'} rank {rank}"
@@ -148,18 +165,21 @@ def describe_failures(
         if rank not in reasons or reasons[rank].startswith("killed by")
     }
     silent.update(supervisors_causes(marks, servers))
-    own: list[str] = []
-    consequences: list[str] = []
+    own: list[int] = []
+    consequences: list[int] = []
     details: list[str] = []
     ranks: list[int] = []
     for rank, failure in sorted(error.failures.items()):
         ranks.append(rank)
-        name = rank_name(rank, servers)
         if rank not in silent:
-            line = f"{name} failed: {reasons[rank]}"
-            (consequences if by_peer[rank] else own).append(line)
-        details.append(f"== {name} ==\n{_traceback(failure) or reasons[rank]}\n")
-    lines = [text for _, text in sorted(silent.items())] + own + consequences
+            (consequences if by_peer[rank] else own).append(rank)
+        details.append(
+            f"== {rank_name(rank, servers)} ==\n{_traceback(failure) or reasons[rank]}\n"
+        )
+    lines = [text for _, text in sorted(silent.items())]
+    lines += _alike_together(own, reasons, servers) + _alike_together(
+        consequences, reasons, servers
+    )
     message = "; ".join(lines)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
