@@ -129,7 +129,8 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], parts: int) -> None:
     if not plan:
         raise TetherError(
             "model parallelism needs a plan naming the layers to split, e.g. --parallel-plan "
-            f"fc1=column,fc2=row (this model's Linear/Conv2d layers: {_listed(model)})"
+            "fc1=column,fc2=row (parallel_plan={'fc1': 'column', 'fc2': 'row'} in Python; "
+            f"this model's Linear/Conv2d layers: {_listed(model)})"
         )
     for name, kind in plan.items():
         layer_class(name, find_layer(model, name), kind, parts)
