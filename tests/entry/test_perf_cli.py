@@ -346,6 +346,25 @@ def test_predict_on_an_empty_data_set_is_one_line(capsys, user_sets: Path) -> No
     assert line == "tether: error: train_data is empty: there is no batch to time"
 
 
+def _small_workload(model: str) -> dict:
+    """A one-layer workload as tether calibrate writes it, timed on vm-2cores."""
+    return {
+        "model": model, "batch_size": 64, "update_s": 1e-4, "data_s": 0.0,
+        "measured_on": "vm-2cores",
+        "layers": [{"name": "fc", "tensor_bytes": [4000, 40], "forward_flops": 1e6,
+                    "forward_s": 1e-3, "backward_s": 2e-3}],
+    }  # fmt: skip
+
+
+def _profile_file(tmp_path: Path, workload: object) -> Path:
+    """A profile file: vm-2cores's hardware and ``workload``."""
+    path = tmp_path / "cal.json"
+    path.write_text(
+        json.dumps({"hardware": load_profile("vm-2cores").to_dict(), "workload": workload})
+    )
+    return path
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -369,17 +388,8 @@ def test_a_damaged_workload_in_a_profile_file_is_one_line_naming_the_field(
     """The workload was barely checked (the hardware thoroughly): a batch of 0 divided by zero,
     a negative batch or time predicted negative times with exit code 0, a NaN time ended in
     matplotlib's traceback."""
-    workload = {
-        "model": "lenet5", "batch_size": 64, "update_s": 1e-4, "data_s": 0.0,
-        "measured_on": "vm-2cores",
-        "layers": [{"name": "fc", "tensor_bytes": [4000, 40], "forward_flops": 1e6,
-                    "forward_s": 1e-3, "backward_s": 2e-3}],
-    }  # fmt: skip
-    workload = change(workload) or workload
-    path = tmp_path / "cal.json"
-    path.write_text(
-        json.dumps({"hardware": load_profile("vm-2cores").to_dict(), "workload": workload})
-    )
+    workload = _small_workload("lenet5")
+    path = _profile_file(tmp_path, change(workload) or workload)
     argv = ["predict", "--profile", str(path), "--workers", "1,2", "--out", str(tmp_path / "p")]
     line = _error_line(capsys, argv)
     assert f"workload {path}: " in line and message in line
@@ -388,16 +398,7 @@ def test_a_damaged_workload_in_a_profile_file_is_one_line_naming_the_field(
 def test_predict_takes_the_model_its_profile_file_timed(capsys, tmp_path: Path) -> None:
     # Before, `tether predict --profile FILE` without --model predicted lenet5 (the default)
     # from counted FLOPs, not the model `tether calibrate --model M` had timed into FILE.
-    workload = {
-        "model": "mlp", "batch_size": 64, "update_s": 1e-4, "data_s": 0.0,
-        "measured_on": "vm-2cores",
-        "layers": [{"name": "fc", "tensor_bytes": [4000, 40], "forward_flops": 1e6,
-                    "forward_s": 1e-3, "backward_s": 2e-3}],
-    }  # fmt: skip
-    path = tmp_path / "cal.json"
-    path.write_text(
-        json.dumps({"hardware": load_profile("vm-2cores").to_dict(), "workload": workload})
-    )
+    path = _profile_file(tmp_path, _small_workload("mlp"))
     argv = ["predict", "--profile", str(path), "--workers", "2", "--out", str(tmp_path / "p")]
     assert main(argv) == 0
     first = capsys.readouterr().out.splitlines()[0]
