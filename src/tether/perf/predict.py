@@ -25,9 +25,10 @@ their own still slow each other by what the cores share, where the profile measu
 do per step (compute, the server's apply, both ends of every loopback message) over the node's
 cores, and, for workers on other nodes than the server's, by the server node's one link, which
 carries every exchange's model in and out. ``hogwild-sgd`` shares one node's memory: no
-prediction beyond a node's ranks. Where the profile measured the exchange in training (:mod:`tether.perf.exchange_load`), a
-collective's every message costs that much more, every exchange waits for the latest rank, and
-a server's service includes its measured CPU per exchange.
+prediction beyond a node's ranks. Where the profile measured the exchange in training
+(:mod:`tether.perf.exchange_load`), a collective's every message costs that much more, every
+exchange waits for the latest rank, and a server's service includes its measured CPU per
+exchange.
 """
 
 from __future__ import annotations
