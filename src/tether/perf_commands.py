@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 
 from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
-from tether.errors import TetherError
 
 MAX_SCALING_WORKERS = 4096
 
@@ -32,28 +30,6 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected counts >= 1 like 1,2,4, got {text!r}")
     return values
-
-
-def _slow_workers(text: str) -> tuple[int, float]:
-    """``N:F`` of ``--slow-workers``: a count >= 1 and a factor > 0."""
-    count, _, factor = text.partition(":")
-    try:
-        n, f = int(count), float(factor)
-    except ValueError:
-        n, f = 0, 0.0
-    if n < 1 or not (math.isfinite(f) and f > 0):
-        raise argparse.ArgumentTypeError(f"expected N:F like 1:4 (N >= 1, F > 0), got {text!r}")
-    return n, f
-
-
-def _factors(slow: tuple[int, float] | None, workers: int) -> list[float] | None:
-    """Each simulated worker's step-time factor: the first N at F, the others at 1."""
-    if slow is None:
-        return None
-    n, factor = slow
-    if n > workers:
-        raise TetherError(f"--slow-workers {n}:{factor:g} names more than the {workers} workers")
-    return [factor] * n + [1.0] * (workers - n)
 
 
 def _stamp() -> str:
@@ -299,7 +275,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         service_s=args.service_ms / 1e3,
         tau=method_tau(args.method, args.tau),
         seed=args.seed,
-        worker_factors=_factors(args.slow_workers, args.workers),
+        worker_factors=perf_inputs.worker_factors(args.slow_workers, args.workers),
     )
     data = result.to_dict()
     out.mkdir(parents=True, exist_ok=True)
@@ -402,7 +378,7 @@ def add_perf_parsers(sub: Any) -> None:
     simulate.add_argument(
         "--slow-workers",
         metavar="N:F",
-        type=_slow_workers,
+        type=perf_inputs.slow_workers,
         help="the first N workers F times slower, e.g. 1:4 (default none)",
     )
     simulate.add_argument("--seed", type=int, default=0, help="(0)")

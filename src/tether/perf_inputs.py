@@ -173,3 +173,25 @@ def check_simulate_options(args: argparse.Namespace) -> None:
     p = args.straggler_probability
     if not 0 <= p <= 1:
         raise TetherError(f"--straggler-probability must be a probability in [0, 1], got {p}")
+
+
+def slow_workers(text: str) -> tuple[int, float]:
+    """``N:F`` of ``--slow-workers``: a count >= 1 and a factor > 0."""
+    count, _, factor = text.partition(":")
+    try:
+        n, f = int(count), float(factor)
+    except ValueError:
+        n, f = 0, 0.0
+    if n < 1 or not (math.isfinite(f) and f > 0):
+        raise argparse.ArgumentTypeError(f"expected N:F like 1:4 (N >= 1, F > 0), got {text!r}")
+    return n, f
+
+
+def worker_factors(slow: tuple[int, float] | None, workers: int) -> list[float] | None:
+    """Each simulated worker's step-time factor: the first N at F, the others at 1."""
+    if slow is None:
+        return None
+    n, factor = slow
+    if n > workers:
+        raise TetherError(f"--slow-workers {n}:{factor:g} names more than the {workers} workers")
+    return [factor] * n + [1.0] * (workers - n)
