@@ -397,6 +397,9 @@ def test_a_held_batch_is_named_on_the_runs_first_line() -> None:
     )
     plain = catalog_resolve(None, {"method": "sync-sgd", "workers": 8})
     assert batch_text(plain, set()) == "batch 64 per worker"
+    # the ranks of a model group share one batch (it said "per worker")
+    grid = catalog_resolve(None, {"method": "sync-sgd", "workers": 4, "model_parallel": 2})
+    assert batch_text(grid, set()) == "batch 64 per model group"
     # a resumed run's batch is not among the keys given: only a method's hold is named
     resumed = TrainConfig(method="sync-sgd", workers=4, batch_size=32)
     assert batch_text(resumed, set()) == "batch 32 per worker"
