@@ -227,3 +227,43 @@ def test_a_run_whose_every_worker_failed_fails(tmp_path: Path) -> None:
     assert code != 0, stderr[-3000:]
     assert stderr.count("carries on without it") == 2 and "finished" not in stdout
     assert "tether: error: server rank 0: every worker was lost" in stderr, stderr[-3000:]
+
+
+# The server hangs 3 s after it joined (in its serving loop, a deadlock), while its workers
+# still have a little training to do: they finish before its pulse has stood still long enough
+# for them to give it up, and a Hogwild worker's goodbye waits for no answer.
+LATE_HUNG_SERVER_SCRIPT = """
+import os, signal, sys, threading, time
+import torch
+import tether
+
+ctx = tether.init(method=sys.argv[1], timeout_s=5)
+if ctx.rank == 0:
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.daemon = True
+    timer.start()
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
+for step in range(300):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    time.sleep(0.01)
+print(f"worker rank {ctx.rank} finished", flush=True)
+ctx.finish()
+"""
+
+
+@pytest.mark.slow
+def test_a_hogwild_server_hung_near_the_end_fails_the_torchrun_run(tmp_path: Path) -> None:
+    # Before: both workers finished and left, and torchrun waited for the hung server for ever
+    # (found by a fault sweep: still running at 120 s). The server now watches its own pulse
+    # while it serves, by the rule its workers apply to it.
+    script = tmp_path / "script.py"
+    script.write_text(LATE_HUNG_SERVER_SCRIPT)
+    code, _, stderr, took = _torchrun([str(script), "hogwild-sgd"], tmp_path)
+    assert code != 0, stderr[-3000:]
+    said = "tether: server rank 0 stopped answering while it served its workers: its pulse"
+    assert said in stderr, stderr[-3000:]
+    assert took < 60, took

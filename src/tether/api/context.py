@@ -169,7 +169,11 @@ class Context:
     def _serve_and_exit(self, method: TrainingMethod) -> None:
         start_pulse(self.config.timeout_s)  # for its supervisor, once the workers have finished
         result = method.serve(_ServeToTheEnd())
-        watch_self(f"server rank {self.rank}", self.config.timeout_s, "its shutdown")
+        watch_self(
+            f"server rank {self.rank}",
+            self.config.timeout_s,
+            "after every worker had finished: its pulse (its shutdown)",
+        )
         for rank, reason in sorted(result.lost_workers.items()):
             print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
         # A run whose every worker was lost did no work: the server's status says so, as the

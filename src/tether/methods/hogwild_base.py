@@ -49,6 +49,8 @@ from tether.methods.flat import flatten_parameters
 from tether.methods.loss_board import LossBoard
 from tether.methods.ps_method import ServerHooks, ServerMethod
 from tether.methods.shared_memory import SharedFiles
+from tether.observe.pulse_mark import beat as beat_pulse
+from tether.observe.pulse_mark import stop_watching, watch_self
 
 # Point-to-point channels: 0 data and 1 liveness (ps_server), 2 hogwild-easgd's threaded exchanges.
 SETUP_CHANNEL = 3
@@ -195,9 +197,10 @@ class HogwildMethod(ServerMethod):
         return shared
 
     def beat(self) -> None:
-        """The server's sign of life on the board (see :class:`ServerPulse`), and for its
-        exchange threads where there is none (hogwild-easgd across nodes)."""
+        """The server's sign of life on the board (see :class:`ServerPulse`), for its exchange
+        threads where there is none (hogwild-easgd across nodes), and for its own watch."""
         self.beaten = time.monotonic()
+        beat_pulse()
         if self.board is not None:
             self.board[2 * self.workers + 1] += 1
 
@@ -240,6 +243,21 @@ class HogwildMethod(ServerMethod):
         progress every ``POLL_S`` (and once more after the last goodbye). A worker whose step
         count does not move for the run's timeout is hung and given up on: Hogwild workers send
         the server nothing while they train, so their counters are their liveness signal."""
+        # Its workers wait for nothing from it and say goodbye without an answer: a serving
+        # loop that hangs after their last look at its pulse would keep a launcher without a
+        # supervisor of ours (torchrun) waiting for ever. It watches its own pulse, by the
+        # workers' rule (still for the timeout: hung), while it serves.
+        watch_self(
+            f"server rank {self.transport.rank}",
+            self.config.timeout_s,
+            "while it served its workers: its pulse on the board (the loop that watches them)",
+        )
+        try:
+            self._watch_workers(hooks, local_steps)
+        finally:
+            stop_watching()  # its serving over: ServerProgress watches what follows
+
+    def _watch_workers(self, hooks: ServerHooks, local_steps: Callable[[], list[int]]) -> None:
         state = self.server.state
         reported = -1
         stillness = Stillness(self.config.timeout_s)

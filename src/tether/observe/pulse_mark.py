@@ -79,20 +79,24 @@ def read_pulse(path: Path) -> tuple[float, float] | None:
     return (beaten, timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else None
 
 
-def watch_self(
-    who: str, timeout_s: float, doing: str = "its final evaluation, saving the results"
-) -> None:
-    """The serving is over and no supervisor watches this process (no file named): end it,
-    saying why, if its beats stand still for ``timeout_s`` from now on (``who``: "server rank
-    0"; ``doing``: what it has left to do). Stops with :func:`stop_watching` (the results are
-    written; a new :func:`start_pulse`) or with the process."""
+AFTER_SERVING = (
+    "after every worker had finished: its pulse (its final evaluation, saving the results)"
+)
+
+
+def watch_self(who: str, timeout_s: float, situation: str = AFTER_SERVING) -> None:
+    """No supervisor watches this process (no file named), and nobody else does (its serving
+    is over, or its workers wait for nothing from it): end it, saying why, if its beats stand
+    still for ``timeout_s`` from now on (``who``: "server rank 0"; ``situation``: when and
+    what, as the message says it). Stops with :func:`stop_watching` (the results are written;
+    a new :func:`start_pulse`) or with the process."""
     if _path() is not None or not (math.isfinite(timeout_s) and timeout_s > 0):
         return
     beat()
     _Beats.watch += 1
     threading.Thread(
         target=_watch,
-        args=(who, timeout_s, doing, _Beats.watch),
+        args=(who, timeout_s, situation, _Beats.watch),
         name="tether-self-watch",
         daemon=True,
     ).start()
@@ -106,14 +110,14 @@ def stop_watching() -> None:
 SAY_S = 1.0  # how long the leaving process waits for its last words to reach stderr
 
 
-def _watch(who: str, timeout_s: float, doing: str, number: int) -> None:
+def _watch(who: str, timeout_s: float, situation: str, number: int) -> None:
     while _Beats.watch == number:
         still = time.monotonic() - _Beats.last
         if still >= timeout_s:
             text = (
-                f"tether: {who} stopped answering after every worker had finished: its pulse "
-                f"({doing}) stood still for {still:.0f} s (--timeout {timeout_s:g} s); it ends "
-                "with status 1 (its threads' stacks follow)\n" + _other_stacks()
+                f"tether: {who} stopped answering {situation} stood still for {still:.0f} s "
+                f"(--timeout {timeout_s:g} s); it ends with status 1 (its threads' stacks "
+                "follow)\n" + _other_stacks()
             )
             # Straight to fd 2, from a thread of its own, for at most SAY_S: the stuck thread
             # may hold sys.stderr's lock, and a full pipe would block the write for ever.
