@@ -502,13 +502,16 @@ def test_hogwild_easgds_threads_stop_answering_for_a_hung_serving_thread(tmp_pat
     # Across nodes hogwild-easgd's server answers each worker on a thread of its own: with the
     # serving thread hung they answered on, the workers trained to their end, and torchrun
     # (no supervisor) waited for the server for ever. Now the threads stop answering once the
-    # serving thread's pulse stands still for the timeout, and the workers give the server up.
+    # serving thread's pulse stands still for the timeout, and the workers give the server up;
+    # by the same rule, at the same moment, the server ends itself (its own watch while it
+    # serves): whichever comes first ends the run, naming the stillness.
     script = tmp_path / "script.py"
     script.write_text(THREADED_HANGING_SERVER_SCRIPT)
     result = _run([str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", str(script)], timeout=100)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "serving thread stood still" in result.stderr, result.stderr[-3000:]
-    assert "rank 0 (channel 2) sent nothing for 5.0 s" in result.stderr, result.stderr[-3000:]
+    threads_said = "serving thread stood still" in result.stderr
+    server_said = "server rank 0 stopped answering while it served its workers" in result.stderr
+    assert threads_said or server_said, result.stderr[-3000:]
     assert "finished" not in result.stdout
 
 
