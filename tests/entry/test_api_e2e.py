@@ -452,19 +452,22 @@ def test_a_worker_that_fails_before_joining_fails_an_asynchronous_run_at_once(
 
 
 # A user's loop whose server's serving thread hangs DELAY s into the run (a signal handler that
-# sleeps, in the main thread, as a deadlock would), its workers training for 30 s or more
+# sleeps, in the main thread, as a deadlock would), its workers training for STEPS steps (6000:
+# 30 s or more)
 HANGING_SERVER_TEMPLATE = """
-import os, signal, threading, time
+import os, signal, sys, threading, time
 import torch
 import tether
 {setup}
 ctx = tether.init({init})
 if ctx.rank == 0:
     signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
-    threading.Timer({delay}, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    timer = threading.Timer({delay}, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.daemon = True  # a server done before it fires ends as it would
+    timer.start()
 net = torch.nn.Linear(4, 2)
 model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
-for step in range(6000):
+for step in range({steps}):
     opt.zero_grad()
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()
@@ -472,7 +475,9 @@ for step in range(6000):
 print(f"worker rank {{ctx.rank}} finished", flush=True)
 ctx.finish()
 """
-HANGING_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(setup="", init="timeout_s=5", delay=3.0)
+HANGING_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(
+    setup="", init="timeout_s=5", delay=3.0, steps=6000
+)
 
 
 @pytest.mark.slow
@@ -494,6 +499,7 @@ THREADED_HANGING_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(
     setup="from tether.methods.hogwild_easgd import HogwildEASGD\nHogwildEASGD.shared_memory = False",
     init='method="hogwild-easgd", timeout_s=5',
     delay=8.0,  # its start done (the workers' start-up on 2 busy cores takes seconds)
+    steps=6000,
 )
 
 

@@ -205,7 +205,7 @@ def test_workers_that_give_a_hung_hogwild_server_up_end_the_torchrun_run(tmp_pat
     script = tmp_path / "script.py"
     script.write_text(
         HANGING_SERVER_TEMPLATE.format(
-            setup="", init='method="hogwild-sgd", timeout_s=5', delay=3.0
+            setup="", init='method="hogwild-sgd", timeout_s=5', delay=3.0, steps=6000
         )
     )
     code, _, stderr, took = _torchrun([str(script)], tmp_path)
@@ -232,27 +232,9 @@ def test_a_run_whose_every_worker_failed_fails(tmp_path: Path) -> None:
 # The server hangs 3 s after it joined (in its serving loop, a deadlock), while its workers
 # still have a little training to do: they finish before its pulse has stood still long enough
 # for them to give it up, and a Hogwild worker's goodbye waits for no answer.
-LATE_HUNG_SERVER_SCRIPT = """
-import os, signal, sys, threading, time
-import torch
-import tether
-
-ctx = tether.init(method=sys.argv[1], timeout_s=5)
-if ctx.rank == 0:
-    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGUSR1))
-    timer.daemon = True
-    timer.start()
-net = torch.nn.Linear(4, 2)
-model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.01))
-for step in range(300):
-    opt.zero_grad()
-    model(torch.randn(8, 4)).pow(2).mean().backward()
-    opt.step()
-    time.sleep(0.01)
-print(f"worker rank {ctx.rank} finished", flush=True)
-ctx.finish()
-"""
+LATE_HUNG_SERVER_SCRIPT = HANGING_SERVER_TEMPLATE.format(
+    setup="", init="method=sys.argv[1], timeout_s=5", delay=3.0, steps=600
+)
 
 
 @pytest.mark.slow
