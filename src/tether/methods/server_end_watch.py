@@ -42,6 +42,7 @@ import torch
 from tether.comm.header import MessageKind
 from tether.comm.messages import MessageProtocol
 from tether.observe.joined import JOINED_MARK_ENV
+from tether.observe.last_words import say_last_words
 
 GRACE_S = 5.0  # as the supervisor gives a worker that outlives the server (tether.launch)
 POLL_S = 0.5
@@ -122,20 +123,8 @@ class ServerEndWatch:
             "reached ctx.finish(): the process ends itself (status 0) so that its launcher "
             "does not wait for it\n"
         )
-        # On a thread of its own, for at most FLUSH_S: the stuck thread may hold sys.stderr's
-        # lock (so the line goes straight to fd 2), and a full pipe would block the write.
-        say = threading.Thread(target=_say_and_flush, args=(message,), daemon=True)
-        say.start()
-        say.join(FLUSH_S)
+        say_last_words(message, FLUSH_S)  # not through sys.stderr: the stuck thread may hold it
         self._leave(0)
-
-
-def _say_and_flush(message: str) -> None:
-    with contextlib.suppress(OSError):
-        os.write(2, message.encode())
-    for stream in (sys.stdout, sys.stderr):  # what the loop printed
-        with contextlib.suppress(Exception):
-            stream.flush()
 
 
 def mpi_running() -> bool:

@@ -16,7 +16,7 @@ daemon thread): when they stand still for the timeout it says so on stderr with 
 stacks and ends its process with status 1, so that the launcher fails the run naming it, as
 the supervisor would.
 
-Standard library only (and tether.observe.files, which is too): the supervisor imports it.
+Standard library only (and tether.observe.files and last_words, which are too): the supervisor imports it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 
 from tether.observe.files import atomic_write_text
+from tether.observe.last_words import say_last_words
 
 PULSE_MARK_ENV = "TETHER_SERVER_PULSE"
 
@@ -119,19 +120,9 @@ def _watch(who: str, timeout_s: float, situation: str, number: int) -> None:
                 f"(--timeout {timeout_s:g} s); it ends with status 1 (its threads' stacks "
                 "follow)\n" + _other_stacks()
             )
-            # Straight to fd 2, from a thread of its own, for at most SAY_S: the stuck thread
-            # may hold sys.stderr's lock, and a full pipe would block the write for ever.
-            say = threading.Thread(target=_say, args=(text.encode(),), daemon=True)
-            say.start()
-            say.join(SAY_S)
+            say_last_words(text, SAY_S)
             os._exit(1)  # the main thread is stuck: no exception would reach it
         time.sleep(min(timeout_s - still, 1.0))
-
-
-def _say(data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[os.write(2, data) :]
 
 
 def _other_stacks() -> str:
