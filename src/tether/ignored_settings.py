@@ -13,6 +13,7 @@ from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
 from tether.errors import TetherError
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
+from tether.optim.schedules import warmup_length
 from tether.training.build import steps_per_epoch, uses_momentum
 
 
@@ -126,7 +127,7 @@ def long_warmup(config: TrainConfig, samples: int, supplied: Iterable[str] = ())
     """A message when the named schedule's warm-up is not shorter than the run of ``samples``
     training samples: the rate then rises for the whole run and never reaches ``lr`` (Goyal et
     al. 2017 warm up for 5 of 90 epochs). Only ``warmup_steps`` can do this: the part given in
-    epochs is cut to a quarter of the run (``NamedSchedule``)."""
+    epochs is cut to a quarter of the run (:func:`~tether.optim.schedules.warmup_length`)."""
     if not config.warmup_steps or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
         return None
     try:
@@ -134,7 +135,7 @@ def long_warmup(config: TrainConfig, samples: int, supplied: Iterable[str] = ())
     except TetherError:
         return None  # no step to take: refused elsewhere, in its own words
     total = config.steps or config.epochs * per_epoch
-    warmup = config.warmup_steps + min(round(config.warmup_epochs * per_epoch), total // 4)
+    warmup = warmup_length(config.warmup_steps, config.warmup_epochs, total, per_epoch)
     if warmup < total:
         return None
     return (

@@ -131,6 +131,13 @@ def build_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupFactor(name, settings))
 
 
+def warmup_length(steps: int, epochs: float, total_steps: int, steps_per_epoch: int) -> int:
+    """The warm-up in optimizer steps: ``steps``, plus ``epochs`` converted, which (the methods'
+    default half epoch) takes at most a quarter of the run, so that a short run (--steps 30)
+    still trains; one in steps is taken as it is."""
+    return steps + min(round(epochs * steps_per_epoch), total_steps // 4)
+
+
 class NamedSchedule:
     """A factory ``(optimizer, total_steps, steps_per_epoch) -> LRScheduler`` for a registered
     name and the run's settings (an object, so it pickles to worker processes); the trainer
@@ -143,10 +150,9 @@ class NamedSchedule:
     def __call__(
         self, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int = 1
     ) -> torch.optim.lr_scheduler.LRScheduler | None:
-        in_epochs = round(self.settings.warmup_epochs * steps_per_epoch)
-        # A warm-up given in epochs (the methods' default half epoch) takes at most a quarter of
-        # the run, so that a short run (--steps 30) still trains; one in steps is taken as is.
-        warmup = self.settings.warmup_steps + min(in_epochs, total_steps // 4)
+        warmup = warmup_length(
+            self.settings.warmup_steps, self.settings.warmup_epochs, total_steps, steps_per_epoch
+        )
         settings = dataclasses.replace(
             self.settings, total_steps=total_steps, warmup_steps=warmup, warmup_epochs=0.0
         )
