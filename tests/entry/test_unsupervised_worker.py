@@ -1,7 +1,7 @@
 """Hung and failing ranks under torchrun, which has no supervisor of ours: a hung worker of an
 asynchronous method is left behind and torchrun must not wait for its process afterwards; one
 whose own code raises is lost without taking the others with it; a server hung after its
-workers finished fails the run naming it."""
+workers' last replies (in its serving loop, or after it) fails the run naming it."""
 
 from __future__ import annotations
 
@@ -130,6 +130,26 @@ def test_a_server_hung_after_its_workers_finished_fails_the_torchrun_run(tmp_pat
     assert "in __getitem__" in stderr and "time.sleep(10**6)" in stderr  # where it hung
     assert not list(tmp_path.glob("runs/*/summary.json"))  # no results from the hung evaluation
     assert took < 45, took  # start-up, 10 steps, then the 3 s timeout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["async-sgd", "original-easgd"])
+def test_a_server_hung_after_its_workers_last_replies_fails_the_torchrun_run(
+    tmp_path: Path, method: str
+) -> None:
+    # The evaluation at the last step runs inside the serving loop, after the workers' last
+    # replies went out. Before: they said goodbye (no answer awaited) and left with status 0,
+    # and torchrun waited for the hung server for ever (still running at 60 s). Now the loop
+    # watches its own pulse (first come first served, and round-robin's turns).
+    (tmp_path / "stuck.py").write_text(STUCK_EVALUATION_MODULE)
+    train = ["--model", "stuck:net", "--dataset", "stuck:load", "--steps", "10"]
+    train += ["--batch-size", "16", "--eval-every", "10", "--timeout", "3", "--no-progress"]
+    code, _, stderr, took = _torchrun(["-m", "tether.run", "--method", method, *train], tmp_path)
+    assert code == 1, stderr[-3000:]
+    said = "tether: server rank 0 stopped answering while it served its workers: its pulse"
+    assert said in stderr, stderr[-3000:]
+    assert "in __getitem__" in stderr  # where it hung
+    assert took < 45, took
 
 
 # Rank 2's own code raises after 20 steps (a corrupt sample); rank 1 trains to its end.

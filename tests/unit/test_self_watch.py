@@ -1,7 +1,8 @@
 """A parameter server with no supervisor of ours (torchrun, srun, mpiexec) watches its own pulse
-once its serving is over (tether.observe.pulse_mark.watch_self): a server stuck in its final
-evaluation or save ends itself, saying why, instead of keeping the launcher waiting for ever.
-Each case in its own interpreter (the watch ends a process)."""
+while it serves and once its serving is over (tether.observe.pulse_mark.watch_self): a server
+stuck in its final evaluation or save ends itself, saying why, instead of keeping the launcher
+waiting for ever; a wait inside one of Tether's own bounded receives is not stillness. Each case
+in its own interpreter (the watch ends a process)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,35 @@ def test_a_server_with_a_supervisor_leaves_the_watch_to_it(tmp_path: Path) -> No
     # The supervisor names the pulse file and ends a hung server itself: no second watch.
     code, output, _ = _run(beats=0, hang=2.5, env={PULSE_MARK_ENV: str(tmp_path / "pulse")})
     assert (code, output.strip()) == (0, "exited by itself")
+
+
+# A round-robin server's read of its next worker, bounded by the wire's timeout (here 2.5 s, the
+# watch's 1 s), then `after` s standing still outside any wait.
+WAITING = """
+import time
+from tether.observe.pulse_mark import start_pulse, stop_watching, waiting, watch_self
+start_pulse(1)
+watch_self("server rank 0", 1.0, "while it served its workers")
+with waiting():
+    time.sleep(2.5)
+time.sleep({after})
+stop_watching()
+print("exited by itself")
+"""
+
+
+def test_a_wait_in_a_bounded_receive_is_not_stillness_but_what_follows_is() -> None:
+    # Without `waiting`, the watch would end a round-robin server waiting its turn on a slow
+    # worker; the wait's end beats, so stillness counts from there.
+    for after, code, said in [(0.5, 0, "exited by itself"), (20, 1, "stopped answering")]:
+        done = subprocess.run(
+            [sys.executable, "-c", WAITING.format(after=after)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == code, done.stdout + done.stderr
+        assert said in done.stdout + done.stderr
+        if code:
+            assert "while it served its workers stood still for 1 s" in done.stderr
 
 
 FULL_PIPE = """

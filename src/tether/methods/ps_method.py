@@ -29,6 +29,7 @@ from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
 from tether.methods.server_end_watch import ServerEndWatch, watch_wanted
 from tether.observe.metrics import PhaseTotals
+from tether.observe.pulse_mark import WHILE_SERVING, stop_watching, watch_self
 
 
 class ServerHooks(Protocol):
@@ -259,7 +260,26 @@ class ServerMethod(TrainingMethod):
         the same ``c`` the server used) without copying it. ``round_end(msg)``: whether ``msg``
         ends a round (round-robin), the only points consistent for a checkpoint; None: every
         point is. Returns the updates applied in the whole run (``updates``).
+
+        The loop watches its own pulse (:func:`~tether.observe.pulse_mark.watch_self`, where no
+        supervisor does): a worker's last reply may go out before the loop hangs (in an
+        evaluation, a save, a deadlock), and its goodbye waits for no answer, so nobody would
+        be left waiting for the server to notice; it is still for the workers' timeout: hung.
         """
+        watch_self(f"server rank {self.transport.rank}", self.config.timeout_s, WHILE_SERVING)
+        try:
+            return self._serve_each(hooks, arrivals, before_reply, after_reply, round_end)
+        finally:
+            stop_watching()  # its serving over: what follows has its own watch
+
+    def _serve_each(
+        self,
+        hooks: ServerHooks,
+        arrivals: Iterable[Message],
+        before_reply: Callable[[Message], None],
+        after_reply: Callable[[Message], None] | None,
+        round_end: Callable[[Message], bool] | None,
+    ) -> int:
         stopping = False
         for msg in arrivals:
             rank = msg.header.sender

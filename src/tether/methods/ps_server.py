@@ -45,6 +45,7 @@ from tether.methods.ps_state import ServerState, WorkerLost
 from tether.methods.reply_lines import LISTEN_TIMEOUT, ReplyLines
 from tether.methods.server_end_watch import say_given_up
 from tether.observe.metrics import PhaseTotals
+from tether.observe.pulse_mark import beat, waiting
 
 DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
@@ -215,6 +216,7 @@ class ServerEndpoint:
         silence = self.silence_timeout_s
         while self.state.active:
             msg = self._next_event(timeout=None if silence is None else min(1.0, silence / 4))
+            beat()  # awake, between messages: the serving thread's own watch (pulse_mark)
             if msg is not None:
                 yield msg
             if silence is not None:
@@ -251,7 +253,10 @@ class ServerEndpoint:
                 ahead = self._ahead.pop(rank, None)
                 if isinstance(ahead, Exception):
                     raise ahead
-                msg = ahead or self.transport.recv_message(self._buffers(), src=rank)
+                if ahead is None:
+                    with waiting():  # bounded by the wire's timeout, not stillness
+                        ahead = self.transport.recv_message(self._buffers(), src=rank)
+                msg = ahead
                 if self._accept(msg):
                     yield msg
 

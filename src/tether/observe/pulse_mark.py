@@ -11,10 +11,12 @@ has stood still for that timeout, as a worker gives up a server it hears nothing
 
 Under a launcher with no supervisor of ours (``torchrun -m tether.run``, ``srun``, ``mpiexec``,
 a script on ``tether.init``) no file is named, and the launcher would wait for a hung server for
-ever. There the server watches its own beats once its serving is over (:func:`watch_self`, a
-daemon thread): when they stand still for the timeout it says so on stderr with its threads'
-stacks and ends its process with status 1, so that the launcher fails the run naming it, as
-the supervisor would.
+ever. There the server watches its own beats (:func:`watch_self`, a daemon thread): while it
+serves (its workers' last replies may be sent before it hangs, and a goodbye waits for no
+answer) and once its serving is over. When they stand still for the timeout it says so on
+stderr with its threads' stacks and ends its process with status 1, so that the launcher fails
+the run naming it, as the supervisor would. A wait inside one of Tether's own receives, which
+ends by its own timeout, is not stillness (:func:`waiting`).
 
 Standard library only (and tether.observe.files and last_words, which are too): the supervisor imports it.
 """
@@ -28,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from tether.observe.files import atomic_write_text
@@ -47,6 +50,7 @@ class _Beats:
 
     last = 0.0
     watch = 0
+    waiting = 0  # how many of Tether's own bounded receives the serving thread is inside
 
 
 def start_pulse(timeout_s: float) -> None:
@@ -80,9 +84,23 @@ def read_pulse(path: Path) -> tuple[float, float] | None:
     return (beaten, timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else None
 
 
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """The serving thread waits in one of Tether's own receives (a round-robin server's read of
+    its next worker): it ends by its own timeout and the server handles that, so the wait is
+    not stillness; the server beats when it ends."""
+    _Beats.waiting += 1
+    try:
+        yield
+    finally:
+        _Beats.waiting -= 1
+        beat()
+
+
 AFTER_SERVING = (
     "after every worker had finished: its pulse (its final evaluation, saving the results)"
 )
+WHILE_SERVING = "while it served its workers: its pulse (the loop that answers their messages)"
 
 
 def watch_self(who: str, timeout_s: float, situation: str = AFTER_SERVING) -> None:
@@ -113,6 +131,8 @@ SAY_S = 1.0  # how long the leaving process waits for its last words to reach st
 
 def _watch(who: str, timeout_s: float, situation: str, number: int) -> None:
     while _Beats.watch == number:
+        if _Beats.waiting:
+            _Beats.last = time.monotonic()
         still = time.monotonic() - _Beats.last
         if still >= timeout_s:
             text = (
