@@ -118,16 +118,11 @@ def check_one_node(
 ) -> None:
     """A method held to one node (hogwild-sgd) at more workers than a node has: refused before
     anything is timed or printed, as the prediction would refuse it."""
-    from tether.perf.run_setup import one_node_limit
+    from tether.perf.run_setup import Setup
 
     for method in methods:
-        limit = one_node_limit(method, profile.ranks_per_node, ranks_per_node or 0)
-        if limit is not None and max(workers) > limit:
-            raise TetherError(
-                f"{method} shares its weights in one node's memory: at most {limit} workers on "
-                f"{profile.name} ({limit} ranks per node, --ranks-per-node), got "
-                f"--workers {max(workers)}; across nodes, async-sgd or hogwild-easgd"
-            )
+        setup = Setup(method, max(workers), ranks_per_node=ranks_per_node or 0)
+        setup.check_one_node(profile.name, profile.ranks_per_node, prefix="--")
 
 
 def warn_tau_unused(tau: int | None, methods: list[str]) -> None:

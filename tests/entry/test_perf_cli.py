@@ -439,4 +439,7 @@ def test_hogwild_sgd_beyond_a_node_is_refused_before_anything_is_printed(capsys)
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # the table never started
-    assert "hogwild-sgd shares its weights in one node's memory: at most 8 workers" in captured.err
+    assert (
+        "hogwild-sgd shares its weights in one node's memory: at most 8 workers on p40-cluster "
+        "(8 ranks per node, --ranks-per-node), got --workers 64; across nodes" in captured.err
+    ), captured.err

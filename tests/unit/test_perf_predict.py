@@ -187,7 +187,7 @@ def test_hogwild_sgd_is_predicted_on_one_node_only() -> None:
     with pytest.raises(
         TetherError,
         match=r"^hogwild-sgd shares its weights in one node's memory: "
-        r"at most 8 workers on test \(8 ranks per node\), got 16",
+        r"at most 8 workers on test \(8 ranks per node, ranks_per_node\), got workers=16",
     ):
         predict(WORKLOAD, "hogwild-sgd", 16, eight_per_node)
     with pytest.warns(ScalingCutWarning, match="hogwild-sgd's curve ends at 8 workers"):

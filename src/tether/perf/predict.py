@@ -37,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tether.errors import TetherError
 from tether.perf import dag
 from tether.perf.collective_cost import (
     Links,
@@ -46,7 +45,7 @@ from tether.perf.collective_cost import (
 )
 from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
-from tether.perf.run_setup import COLLECTIVE_METHODS, SERVER_METHODS, Setup, one_node_limit
+from tether.perf.run_setup import COLLECTIVE_METHODS, SERVER_METHODS, Setup
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
 
@@ -330,13 +329,7 @@ def _server_link_floor(steps: StepTimes, setup: Setup, links: Links) -> float:
 def predict(workload: Workload, profile: HardwareProfile, setup: Setup) -> Prediction:
     """The iteration time of ``setup`` on ``profile`` for ``workload``'s model and batch."""
     setup.check()
-    limit = one_node_limit(setup.method, profile.ranks_per_node, setup.ranks_per_node)
-    if limit is not None and setup.workers > limit:
-        raise TetherError(
-            f"hogwild-sgd shares its weights in one node's memory: at most {limit} workers on "
-            f"{profile.name} ({limit} ranks per node), got {setup.workers}; across nodes, "
-            "async-sgd or hogwild-easgd"
-        )
+    setup.check_one_node(profile.name, profile.ranks_per_node)
     links = links_of(profile, setup.ranks_per_node)
     neighbours = _neighbour_slowdown(profile, setup, links)
     alone = workload.step_times(profile).slowed(neighbours)  # a core of its own, on a busy node

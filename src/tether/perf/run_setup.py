@@ -58,9 +58,6 @@ class Setup:
         as the caller spells them (``--bucket-mb`` on the command line, ``bucket_mb`` in
         Python). Returns the setup, checked."""
 
-        def spelled(name: str) -> str:
-            return prefix + (name.replace("_", "-") if prefix == "--" else name)
-
         if self.method not in PREDICTED_METHODS:
             raise TetherError(
                 f"no prediction for method '{self.method}': one of {', '.join(PREDICTED_METHODS)}"
@@ -68,13 +65,15 @@ class Setup:
         for name, least, meaning in _COUNTS:
             value = getattr(self, name)
             if not is_whole(value):
-                raise TetherError(f"{spelled(name)} must be a whole number, got {value!r}")
+                raise TetherError(f"{_spelled(name, prefix)} must be a whole number, got {value!r}")
             if value < least:
-                raise TetherError(f"{spelled(name)} must be >= {least}{meaning}, got {value}")
+                raise TetherError(
+                    f"{_spelled(name, prefix)} must be >= {least}{meaning}, got {value}"
+                )
         mb = self.bucket_mb
         if not (is_finite_number(mb) and mb >= 0):
             raise TetherError(
-                f"{spelled('bucket_mb')} must be >= 0 and finite (MiB; 0: one message per "
+                f"{_spelled('bucket_mb', prefix)} must be >= 0 and finite (MiB; 0: one message per "
                 f"tensor), got {mb!r}"
             )
         if self.allreduce not in PRICED_ALL_REDUCES:
@@ -82,6 +81,26 @@ class Setup:
                 f"unknown all-reduce {self.allreduce!r}: one of {', '.join(PRICED_ALL_REDUCES)}"
             )
         return self
+
+    def check_one_node(
+        self, profile_name: str, profile_ranks_per_node: int, prefix: str = ""
+    ) -> None:
+        """A method held to one node's memory (hogwild-sgd) at more workers than the node has
+        ranks: a one-line TetherError, the settings spelled as in :meth:`check`."""
+        limit = one_node_limit(self.method, profile_ranks_per_node, self.ranks_per_node)
+        if limit is not None and self.workers > limit:
+            workers = _spelled("workers", prefix) + (" " if prefix == "--" else "=")
+            raise TetherError(
+                f"{self.method} shares its weights in one node's memory: at most {limit} workers "
+                f"on {profile_name} ({limit} ranks per node, {_spelled('ranks_per_node', prefix)}"
+                f"), got {workers}{self.workers}; across nodes, async-sgd or hogwild-easgd"
+            )
+
+
+def _spelled(name: str, prefix: str) -> str:
+    """A setting as its caller spells it: ``--bucket-mb`` on the command line (prefix ``--``),
+    ``bucket_mb`` in Python."""
+    return prefix + (name.replace("_", "-") if prefix == "--" else name)
 
 
 def one_node_limit(method: str, profile_ranks_per_node: int, ranks_per_node: int = 0) -> int | None:
