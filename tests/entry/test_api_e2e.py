@@ -26,6 +26,7 @@ from tests.conftest import listening_sockets_of, requires_fashion_mnist, run_cli
 from tether.cli import main as cli_main
 from tether.data.sharding import GlobalBatchSampler
 from tether.errors import TetherError
+from tether.launch.proctree import kill_tree
 from tether.methods import METHODS
 from tether.training.norm_stats import calibration_subset
 
@@ -38,10 +39,19 @@ REL_TOL = 1e-5
 
 
 def _run(command: list[str], timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``command``'s status and output; past ``timeout``, every process it started is killed
+    (a launcher's ranks live in sessions of their own: a hung one would outlive the test)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def _launch(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.entry.test_api_e2e import HANGING_SERVER_TEMPLATE
+from tether.launch.proctree import kill_tree
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -57,6 +58,7 @@ def _torchrun(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
     try:
         stdout, stderr = proc.communicate(timeout=90)
     finally:
+        kill_tree(proc.pid)  # torchrun's ranks live in sessions of their own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, stdout, stderr, time.monotonic() - started
