@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from tether.optim import (
     linear_scaling,
     needs_closure,
 )
-from tether.optim.schedules import load_schedule_state
+from tether.optim.schedules import ScheduleStart, load_schedule_state
 
 A = torch.tensor([[3.0, 0.5], [0.5, 1.0]])
 
@@ -132,6 +133,66 @@ def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_runs_length() -
         longer.step()
         resumed.step()
     assert longer.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.75)))
+
+
+def _warm_poly(opt: torch.optim.Optimizer, total_steps: int) -> Any:
+    """A user's own schedule factory that takes the run's length (torch's classes)."""
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.2, total_iters=3)
+    poly = torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=total_steps - 3, power=2.0)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, poly], milestones=[3])
+
+
+def _closure_poly(opt: torch.optim.Optimizer, total_steps: int) -> Any:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (1 - s / total_steps) ** 2)
+
+
+SCHEDULES_OF_A_RUN = {
+    "named poly": lambda opt, total: NamedSchedule("poly", ScheduleSettings(warmup_steps=2))(
+        opt, total_steps=total
+    ),
+    "own SequentialLR": _warm_poly,
+    "own LambdaLR": _closure_poly,
+}
+
+
+def _rates_resumed(factory: Any, saved_at: int, saved_total: int, total: int) -> list[float]:
+    """The rates of steps ``saved_at`` to ``total`` of a run resumed from a checkpoint taken at
+    ``saved_at`` of a run of ``saved_total`` steps, restored as a method restores it (the
+    optimizer's state, then the schedule's)."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    sched = factory(opt, saved_total)
+    for _ in range(saved_at):
+        opt.step()
+        sched.step()
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    sched = factory(opt, total)
+    start = ScheduleStart(sched)
+    opt.load_state_dict(saved_opt)
+    load_schedule_state(sched, saved_sched, start)
+    rates = []
+    for _ in range(saved_at, total):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return rates
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES_OF_A_RUN))
+def test_a_run_resumed_longer_steps_at_the_longer_runs_rates(name: str) -> None:
+    # Before, the first step after the resume ran at the optimizer's saved rate, the old
+    # length's (0 at its end), and a user's schedule kept the old length throughout.
+    factory = SCHEDULES_OF_A_RUN[name]
+    straight = _rates_resumed(factory, 0, 20, 20)[10:]
+    resumed = _rates_resumed(factory, 10, 10, 20)
+    assert resumed == pytest.approx(straight, rel=1e-12), (resumed, straight)
+    assert resumed[0] > 0.1
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES_OF_A_RUN))
+def test_a_run_resumed_as_long_takes_the_saved_rates_exactly(name: str) -> None:
+    factory = SCHEDULES_OF_A_RUN[name]
+    assert _rates_resumed(factory, 8, 20, 20) == _rates_resumed(factory, 0, 20, 20)[8:]
 
 
 def _net() -> torch.nn.Module:

@@ -21,9 +21,7 @@ instead of the step loop.
 from __future__ import annotations
 
 import enum
-import re
 import time
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,7 +37,13 @@ from tether.errors import TetherError
 from tether.methods.flat import check_one_buffer
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
-from tether.optim.schedules import check_schedule, load_schedule_state
+from tether.optim.schedules import (
+    ScheduleStart,
+    check_schedule,
+    follow_schedule,
+    load_schedule_state,
+    step_schedule_to,
+)
 from tether.parallel.grid import ProcessGrid
 from tether.parallel.norms import clip_grad_norm_ as clip_sharded_grad_norm_
 from tether.parallel.norms import reduce_trust_norms, shared_over
@@ -162,6 +166,7 @@ class TrainingMethod(ABC):
             reduce_trust_norms(model, optimizer)
         self.optimizer = optimizer
         self.scheduler = check_schedule(scheduler)
+        self.schedule_start = ScheduleStart(self.scheduler) if self.scheduler else None
         self.precision = Precision(self.config.precision)
         self.scaler: LossScaler | None = None
         if self.precision.scales_loss:
@@ -314,13 +319,7 @@ class TrainingMethod(ABC):
                 f"the server reported global step {global_step} while this worker's schedule "
                 f"stands at {self.scheduler.last_epoch}: a broken or hostile server"
             )
-        with warnings.catch_warnings():
-            # A worker that joins (or resumes) a run at a later global step moves its schedule
-            # there before its own first step, on purpose: torch's warning about a scheduler
-            # stepped before its optimizer does not apply.
-            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
-            while self.scheduler.last_epoch < global_step:
-                self.scheduler.step()
+        step_schedule_to(self.scheduler, global_step)
 
     def scale_gradients(self) -> None:
         if self.grad_scale == 1.0:
@@ -384,6 +383,8 @@ class TrainingMethod(ABC):
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:  # restored with the method's: its rate, not the save's
+            follow_schedule(self.scheduler)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
@@ -393,6 +394,6 @@ class TrainingMethod(ABC):
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
-            load_schedule_state(self.scheduler, state["scheduler"])
+            load_schedule_state(self.scheduler, state["scheduler"], self.schedule_start)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
