@@ -101,6 +101,11 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
             f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
             "so it cannot accumulate gradients: use accumulate=1, or --optimizer sgd"
         )
+    if config.precision == "fp16" and own_step and lookahead:
+        raise TetherError(
+            f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
+            "where fp16's loss scale cannot be checked: use --precision bf16, or --optimizer sgd"
+        )
 
 
 def check_stop_at_target(config: TrainConfig) -> None:

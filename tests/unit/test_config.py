@@ -85,6 +85,12 @@ def test_validation_messages(change: dict, message: str) -> None:
         ({"allreduce": "nope"}, "unknown all-reduce algorithm 'nope'; valid: naive, ring, .*auto$"),
         ({"model": "no_such_module_x:Net"}, "no module named 'no_such_module_x'"),
         ({"loss": "tether.metrics:nothing"}, "has no attribute 'nothing'"),
+        # before the workers start (it failed in them: three lines, status 1; found by a user)
+        (
+            {"method": "async-measgd", "precision": "fp16"},
+            "^async-measgd's look-ahead Nesterov step .* fp16's loss scale cannot be checked: "
+            "use --precision bf16, or --optimizer sgd$",
+        ),
     ],
 )
 def test_names_are_checked_by_the_catalog(change: dict, message: str) -> None:

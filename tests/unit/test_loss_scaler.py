@@ -30,6 +30,27 @@ def test_the_scale_backs_off_on_overflow_and_grows_after_clean_steps() -> None:
     assert again.state_dict() == scaler.state_dict()
 
 
+def test_a_run_whose_every_step_overflows_is_told_once(capsys, monkeypatch) -> None:
+    # Before: 30 of 30 steps skipped, the first weights evaluated, status 0 and no word.
+    monkeypatch.setenv("RANK", "3")
+    scaler = LossScaler()  # 2**16, halved on each overflow
+    for _ in range(16):  # down to 1: backing off from a high scale is its normal work
+        scaler.update(True)
+    scaler.update(False)  # a clean step ends the streak
+    for _ in range(7):
+        scaler.update(True)
+    assert capsys.readouterr().err == ""
+    for _ in range(10):
+        scaler.update(True)
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "tether: warning: rank 3: fp16: the last 8 steps overflowed (inf or NaN gradients) "
+        "and were skipped, the loss scale down to 0.00390625 from 65536: the forward or "
+        "backward pass makes values fp16 cannot hold and the model is not training; use bf16 "
+        "(--precision bf16), or a lower learning rate if the weights diverged"
+    ]
+
+
 def test_an_overflow_flag_is_shared_when_asked() -> None:
     seen = []
 

@@ -15,6 +15,8 @@ workers decide alone, and a parameter-server worker never pushes a gradient that
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,11 @@ from typing import Any
 import torch
 
 from tether.config import TrainConfig
+
+
+# Overflows in a row, the loss scale below 1 (it no longer magnifies the loss), that say the
+# values themselves do not fit fp16: warned once (8 more halvings after the scale reached 1).
+UNTRAINABLE_STREAK = 8
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ class LossScaler:
         self.scale = float(settings.init_scale)
         self.clean_steps = 0  # steps since the last overflow
         self.skipped = 0  # steps skipped for an overflow, in this run
+        self.in_a_row = 0  # overflows since the last clean step
+        self.said = False  # whether the warning of a run that cannot train was given
         self.share = share
         self.scaled = False  # whether the last backward pass was of a scaled loss
 
@@ -84,11 +93,32 @@ class LossScaler:
             self.scale *= self.settings.backoff_factor
             self.clean_steps = 0
             self.skipped += 1
+            self.in_a_row += 1
+            if self.scale < 1.0 and self.in_a_row >= UNTRAINABLE_STREAK and not self.said:
+                self._say_nothing_trains()
             return
         self.clean_steps += 1
+        self.in_a_row = 0
         if self.clean_steps >= self.settings.growth_interval:
             self.scale *= self.settings.growth_factor
             self.clean_steps = 0
+
+    def _say_nothing_trains(self) -> None:
+        """The scale no longer magnifies the loss and the steps still overflow: the values
+        themselves do not fit fp16, every step is skipped and the run would end "trained" with
+        its first weights (found by a user: 30 of 30 steps skipped, exit status 0, no word)."""
+        self.said = True
+        rank = os.environ.get("RANK")
+        who = f"rank {rank}: " if rank is not None else ""
+        print(
+            f"tether: warning: {who}fp16: the last {self.in_a_row} steps overflowed (inf or NaN "
+            f"gradients) and were skipped, the loss scale down to {self.scale:g} from "
+            f"{self.settings.init_scale:g}: the forward or backward pass makes values fp16 cannot "
+            "hold and the model is not training; use bf16 (--precision bf16), or a lower "
+            "learning rate if the weights diverged",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
