@@ -291,9 +291,20 @@ def test_what_the_trust_ratio_cannot_take_is_refused_in_one_line(cls: type) -> N
     z.grad = torch.randn(2, 2, dtype=torch.complex64)
     with pytest.raises(RuntimeError, match="does not support complex parameters"):
         cls([z], lr=0.01).step()
-    for bad in ({"weight_decay": -1.0}, {"eps": -1.0}):
-        with pytest.raises(ValueError, match="weight_decay and eps must be >= 0"):
-            cls(_net().parameters(), lr=0.01, **bad)
+    # One value per message; NaN refused too (it passed every comparison, and eta=nan filled
+    # the weights with NaN at the first step: found by a user).
+    nan = float("nan")
+    bad = [("weight_decay", -1.0, ">= 0"), ("eps", nan, ">= 0"), ("lr", nan, "> 0")]
+    bad += [("weight_decay", nan, ">= 0"), ("lr", 0.0, "> 0")]
+    bad += [("eta", nan, "> 0"), ("eta", -1, "> 0")] if cls is LARS else []
+    for name, value, wanted in bad:
+        with pytest.raises(ValueError, match=rf"^{name} must be a finite number {wanted}, got"):
+            cls(_net().parameters(), **{"lr": 0.01, name: value})
+
+
+def test_the_look_ahead_step_refuses_a_nan_rate_too() -> None:
+    with pytest.raises(ValueError, match=r"^momentum must be a finite number in \[0, 1\), got nan"):
+        LookaheadNesterov(_net().parameters(), lr=0.1, momentum=float("nan"))
 
 
 def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
@@ -315,3 +326,18 @@ def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
         left = total - warmup
         assert rates[warmup:] == pytest.approx([1 - s / left for s in range(left)])
     assert linear_scaling(0.1, global_batch=8192, base_batch=256) == pytest.approx(3.2)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # a ZeroDivisionError mid-run before (found by a user)
+        ({"power": -1.0}, r"^power must be a finite number > 0, got -1.0$"),
+        ({"warmup_steps": -2}, r"^warmup_steps must be a whole number >= 0, got -2$"),
+        ({"total_steps": 2.5}, r"^total_steps must be a whole number >= 0, got 2.5$"),
+        ({"decay": float("nan")}, r"^decay must be a finite number > 0, got nan$"),
+    ],
+)
+def test_schedule_settings_no_schedule_can_follow_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ScheduleSettings(**change)

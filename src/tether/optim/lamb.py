@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tether.optim.hyper import require_in_range
 from tether.optim.trust import ExcludeRule, TrustRatio, is_bias_or_norm, safe_ratio
 
 
@@ -38,12 +39,11 @@ class LAMB(TrustRatio, torch.optim.Optimizer):
         trust_ratio: bool = True,
         exclude: ExcludeRule | None = is_bias_or_norm,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        if weight_decay < 0 or eps < 0:
-            raise ValueError(f"weight_decay and eps must be >= 0, got {weight_decay} and {eps}")
+        require_in_range("lr", lr, 0, above=True)
+        require_in_range("betas[0]", betas[0], 0, below=1)
+        require_in_range("betas[1]", betas[1], 0, below=1)
+        require_in_range("weight_decay", weight_decay, 0)
+        require_in_range("eps", eps, 0)
         defaults = {
             "lr": lr,
             "betas": betas,

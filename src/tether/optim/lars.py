@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tether.optim.hyper import require_in_range
 from tether.optim.trust import ExcludeRule, TrustRatio, is_bias_or_norm
 
 
@@ -48,15 +49,11 @@ class LARS(TrustRatio, torch.optim.Optimizer):
         trust_ratio: bool = True,
         exclude: ExcludeRule | None = is_bias_or_norm,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if weight_decay < 0 or eta <= 0 or eps < 0:
-            raise ValueError(
-                f"weight_decay and eps must be >= 0 and eta > 0, got {weight_decay}, {eps} "
-                f"and {eta}"
-            )
+        require_in_range("lr", lr, 0, above=True)
+        require_in_range("momentum", momentum, 0, below=1)
+        require_in_range("weight_decay", weight_decay, 0)
+        require_in_range("eta", eta, 0, above=True)
+        require_in_range("eps", eps, 0)
         defaults = {
             "lr": lr,
             "momentum": momentum,

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from tether.optim.hyper import require_in_range
+
 
 class LookaheadNesterov(torch.optim.Optimizer):
     """Nesterov momentum SGD with the gradient taken at ``x + momentum * v`` (EAMSGD's local
@@ -34,12 +36,9 @@ class LookaheadNesterov(torch.optim.Optimizer):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        require_in_range("lr", lr, 0, above=True)
+        require_in_range("momentum", momentum, 0, below=1)
+        require_in_range("weight_decay", weight_decay, 0)
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
 
     def _velocities(self, group: dict[str, Any]) -> list[torch.Tensor]:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from tether.errors import TetherError
+from tether.optim.hyper import require_in_range
 from tether.registry import Registry
 
 
@@ -47,6 +48,17 @@ class ScheduleSettings:
     decay: float = 0.1
     power: float = 2.0
     warmup_epochs: float = 0.0  # converted to steps (it adds to warmup_steps)
+
+    def __post_init__(self) -> None:
+        """Refuse what no schedule can follow (a negative power divides by zero at the end; a
+        negative warm-up ramps the rate the wrong way), one value per message."""
+        for name in ("total_steps", "warmup_steps", "decay_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        require_in_range("decay", self.decay, 0, above=True)
+        require_in_range("power", self.power, 0, above=True)
+        require_in_range("warmup_epochs", self.warmup_epochs, 0)
 
 
 Factor = Callable[[ScheduleSettings, int], float]

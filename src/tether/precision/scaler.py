@@ -25,7 +25,6 @@ import torch
 
 from tether.config import TrainConfig
 
-
 # Overflows in a row, the loss scale below 1 (it no longer magnifies the loss), that say the
 # values themselves do not fit fp16: warned once (8 more halvings after the scale reached 1).
 UNTRAINABLE_STREAK = 8
