@@ -179,8 +179,9 @@ def check_global_batch(config: TrainConfig, samples: int) -> None:
         raise TetherError(
             f"the global batch ({who} x batch {config.batch_size} x "
             f"accumulate {config.accumulate} = {global_batch}) is larger than the training set "
-            f"({samples} samples): lower the batch size or the workers (--batch-size, "
-            "--workers; batch_size=, workers= in Python)"
+            f"({samples} samples): lower the batch size, the workers or the accumulation "
+            "(--batch-size, --workers, --accumulate; batch_size=, workers=, accumulate= in "
+            "Python)"
         )
 
 

@@ -88,7 +88,8 @@ def init(method: str | None = None, **options: Any) -> Context:
     if unknown:
         raise TetherError(
             f"tether.init takes no {', '.join(unknown)}: in your own loop you build them and "
-            "pass the model and optimizer to ctx.wrap"
+            "pass the model, the optimizer and any scheduler to ctx.wrap (a named warm-up and "
+            "decay: tether.optim.NamedSchedule)"
         )
     config, own_optimizer = init_configs(method, env.world_size - servers, options)
     # the node's batch sets a two-level rate: the launcher's node size where none is given
