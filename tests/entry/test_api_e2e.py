@@ -290,7 +290,7 @@ def test_cli_trains_the_users_components_by_import_path(tmp_path: Path) -> None:
     final = summary["final_metrics"]
     assert set(final) == {"loss", "mae", "within_half"}
     assert final["loss"] < 0.5 and summary["time_to_target_s"] is not None
-    assert summary["optimizer"] == "AdamW" and summary["lr_schedule"] == "LambdaLR"
+    assert summary["optimizer"] == "AdamW" and summary["lr_schedule"] == "cosine"  # as asked
     assert summary["final_test_accuracy"] is None  # a regression has no accuracy
     assert "test loss" in result.stdout and "mae" in result.stdout
 

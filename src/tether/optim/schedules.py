@@ -242,6 +242,17 @@ def warmup_length(steps: int, epochs: float, total_steps: int, steps_per_epoch: 
     return steps + min(round(epochs * steps_per_epoch), total_steps // 4)
 
 
+def schedule_name(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> str | None:
+    """What summary.json calls a run's schedule: a named one's name (``poly``, as asked), else
+    the scheduler's class (``SequentialLR``); None without one."""
+    if scheduler is None:
+        return None
+    factors = getattr(scheduler, "lr_lambdas", [])
+    if factors and isinstance(factors[0], WarmupFactor):
+        return factors[0].name
+    return type(scheduler).__name__
+
+
 class NamedSchedule:
     """A factory ``(optimizer, total_steps, steps_per_epoch) -> LRScheduler`` for a registered
     name and the run's settings (an object, so it pickles to worker processes); the trainer

@@ -16,6 +16,7 @@ from tether.config import TrainConfig
 from tether.methods import TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json
 from tether.observe.metrics import PhaseTotals
+from tether.optim.schedules import schedule_name
 from tether.training.build import initial_lr, run_settings
 from tether.training.run_record import RunRecord
 from tether.training.task import Task
@@ -54,7 +55,7 @@ def run_summary(
         "lr": initial_lr(method.optimizer, config.scaled_lr),  # as the optimizer took it
         "settings": run_settings(config, method.optimizer),  # what it used (compare's rows)
         "optimizer": type(method.optimizer).__name__,
-        "lr_schedule": type(method.scheduler).__name__ if method.scheduler else None,
+        "lr_schedule": schedule_name(method.scheduler),
         "final_test_accuracy": final_metrics.get("accuracy"),
         "final_test_loss": final_metrics.get("loss"),
         "final_metrics": final_metrics,
