@@ -154,6 +154,54 @@ def test_a_server_hung_after_its_workers_last_replies_fails_the_torchrun_run(
     assert took < 45, took
 
 
+# A healthy run the workers wait for: the server's first evaluation batch takes 4 s against a
+# --timeout of 3 s, while each worker's step takes 1.5 s (a worker reads the server's "busy" at
+# its next exchange, up to a step later, and then waits a timeout).
+SLOW_EVALUATION_MODULE = """
+import time
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+        self.slept = False
+
+    def forward(self, x):
+        if self.training:
+            time.sleep(1.5)
+        elif x.shape[0] > 1 and not self.slept:  # the first evaluation batch (not the probe)
+            self.slept = True
+            time.sleep(4.0)
+        return self.lin(x)
+
+
+def load():
+    x = torch.randn(256, 6, generator=torch.Generator().manual_seed(0))
+    e = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    return TensorDataset(x, (x[:, 0] > 0).long()), TensorDataset(e, (e[:, 0] > 0).long())
+"""
+
+
+@pytest.mark.slow
+def test_a_server_busy_longer_than_the_timeout_its_workers_wait_out_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    # The serving loop's own watch first used the workers' timeout for its stillness: one
+    # evaluation batch longer than it ended a healthy server that its workers were still
+    # waiting for (found by review: status 1, where tether train and the code before succeeded).
+    (tmp_path / "slow.py").write_text(SLOW_EVALUATION_MODULE)
+    train = ["--model", "slow:Net", "--dataset", "slow:load", "--steps", "6", "--eval-every", "3"]
+    train += ["--batch-size", "16", "--timeout", "3", "--no-progress", "--out", "run"]
+    code, _, stderr, _ = _torchrun(["-m", "tether.run", "--method", "async-sgd", *train], tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "stopped answering" not in stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 6
+
+
 # Rank 2's own code raises after 20 steps (a corrupt sample); rank 1 trains to its end.
 FAILING_WORKER_SCRIPT = HANGING_WORKER_SCRIPT.replace(
     'print("worker rank 2 hangs", flush=True)\n        time.sleep(10**6)',

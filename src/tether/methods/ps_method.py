@@ -264,9 +264,13 @@ class ServerMethod(TrainingMethod):
         The loop watches its own pulse (:func:`~tether.observe.pulse_mark.watch_self`, where no
         supervisor does): a worker's last reply may go out before the loop hangs (in an
         evaluation, a save, a deadlock), and its goodbye waits for no answer, so nobody would
-        be left waiting for the server to notice; it is still for the workers' timeout: hung.
+        be left waiting for the server to notice. Its patience is its workers': one that
+        computes reads the server's last "busy" up to a step later (a step is shorter than
+        the timeout, or the worker is given up as silent) and then waits a timeout, so a pulse
+        still for twice the timeout is one no worker would still wait for.
         """
-        watch_self(f"server rank {self.transport.rank}", self.config.timeout_s, WHILE_SERVING)
+        rank, timeout_s = self.transport.rank, self.config.timeout_s
+        watch_self(f"server rank {rank}", timeout_s, WHILE_SERVING, patience=2.0)
         try:
             return self._serve_each(hooks, arrivals, before_reply, after_reply, round_end)
         finally:

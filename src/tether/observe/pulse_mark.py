@@ -13,10 +13,11 @@ Under a launcher with no supervisor of ours (``torchrun -m tether.run``, ``srun`
 a script on ``tether.init``) no file is named, and the launcher would wait for a hung server for
 ever. There the server watches its own beats (:func:`watch_self`, a daemon thread): while it
 serves (its workers' last replies may be sent before it hangs, and a goodbye waits for no
-answer) and once its serving is over. When they stand still for the timeout it says so on
-stderr with its threads' stacks and ends its process with status 1, so that the launcher fails
-the run naming it, as the supervisor would. A wait inside one of Tether's own receives, which
-ends by its own timeout, is not stillness (:func:`waiting`).
+answer), with its workers' patience, and once its serving is over. When they stand still for
+that long (the timeout, or a multiple of it) it says so on stderr with its threads' stacks and
+ends its process with status 1, so that the launcher fails the run naming it, as the
+supervisor would. A wait inside one of Tether's own receives, which ends by its own timeout, is
+not stillness (:func:`waiting`).
 
 Standard library only (and tether.observe.files and last_words, which are too): the supervisor imports it.
 """
@@ -103,19 +104,22 @@ AFTER_SERVING = (
 WHILE_SERVING = "while it served its workers: its pulse (the loop that answers their messages)"
 
 
-def watch_self(who: str, timeout_s: float, situation: str = AFTER_SERVING) -> None:
+def watch_self(
+    who: str, timeout_s: float, situation: str = AFTER_SERVING, patience: float = 1.0
+) -> None:
     """No supervisor watches this process (no file named), and nobody else does (its serving
     is over, or its workers wait for nothing from it): end it, saying why, if its beats stand
-    still for ``timeout_s`` from now on (``who``: "server rank 0"; ``situation``: when and
-    what, as the message says it). Stops with :func:`stop_watching` (the results are written;
-    a new :func:`start_pulse`) or with the process."""
+    still for ``patience`` x ``timeout_s`` from now on (``who``: "server rank 0"; ``situation``:
+    when and what, as the message says it; ``patience``: how many timeouts its watchers would
+    wait). Stops with :func:`stop_watching` (the results are written; a new
+    :func:`start_pulse`) or with the process."""
     if _path() is not None or not (math.isfinite(timeout_s) and timeout_s > 0):
         return
     beat()
     _Beats.watch += 1
     threading.Thread(
         target=_watch,
-        args=(who, timeout_s, situation, _Beats.watch),
+        args=(who, timeout_s, patience, situation, _Beats.watch),
         name="tether-self-watch",
         daemon=True,
     ).start()
@@ -129,20 +133,23 @@ def stop_watching() -> None:
 SAY_S = 1.0  # how long the leaving process waits for its last words to reach stderr
 
 
-def _watch(who: str, timeout_s: float, situation: str, number: int) -> None:
+def _watch(who: str, timeout_s: float, patience: float, situation: str, number: int) -> None:
+    limit = patience * timeout_s
+    allowed = f"--timeout {timeout_s:g} s"
+    allowed = allowed if patience == 1 else f"{patience:g} x {allowed}"
     while _Beats.watch == number:
         if _Beats.waiting:
             _Beats.last = time.monotonic()
         still = time.monotonic() - _Beats.last
-        if still >= timeout_s:
+        if still >= limit:
             text = (
                 f"tether: {who} stopped answering {situation} stood still for {still:.0f} s "
-                f"(--timeout {timeout_s:g} s); it ends with status 1 (its threads' stacks "
-                "follow)\n" + _other_stacks()
+                f"({allowed}); it ends with status 1 (its threads' stacks follow)\n"
+                + _other_stacks()
             )
             say_last_words(text, SAY_S)
             os._exit(1)  # the main thread is stuck: no exception would reach it
-        time.sleep(min(timeout_s - still, 1.0))
+        time.sleep(min(limit - still, 1.0))
 
 
 def _other_stacks() -> str:
