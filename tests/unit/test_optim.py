@@ -7,6 +7,7 @@ import io
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,17 +156,19 @@ SCHEDULES_OF_A_RUN = {
 }
 
 
-def _rates_resumed(factory: Any, saved_at: int, saved_total: int, total: int) -> list[float]:
+def _rates_resumed(
+    factory: Any, saved_at: int, saved_total: int, total: int, lr: float = 0.5
+) -> list[float]:
     """The rates of steps ``saved_at`` to ``total`` of a run resumed from a checkpoint taken at
-    ``saved_at`` of a run of ``saved_total`` steps, restored as a method restores it (the
-    optimizer's state, then the schedule's)."""
+    ``saved_at`` of a run of ``saved_total`` steps at rate 0.5, restored as a method restores
+    it (the optimizer's state, then the schedule's) into one built with ``lr``."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
     sched = factory(opt, saved_total)
     for _ in range(saved_at):
         opt.step()
         sched.step()
     saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
     sched = factory(opt, total)
     start = ScheduleStart(sched)
     opt.load_state_dict(saved_opt)
@@ -187,6 +190,16 @@ def test_a_run_resumed_longer_steps_at_the_longer_runs_rates(name: str) -> None:
     resumed = _rates_resumed(factory, 10, 10, 20)
     assert resumed == pytest.approx(straight, rel=1e-12), (resumed, straight)
     assert resumed[0] > 0.1
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES_OF_A_RUN))
+@pytest.mark.parametrize("total", [10, 20])
+def test_a_resumed_run_keeps_the_saved_base_rate(name: str, total: int) -> None:
+    # A parameter-server method resumed on another worker count builds its optimizer at another
+    # default rate: the checkpoint's rate stays (found by review: a longer run took the new one).
+    factory = SCHEDULES_OF_A_RUN[name]
+    straight = _rates_resumed(factory, 0, total, total)[5:]
+    assert _rates_resumed(factory, 5, 10, total, lr=0.25) == pytest.approx(straight, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES_OF_A_RUN))
@@ -341,3 +354,10 @@ def test_poly_decay_warm_up_in_epochs_and_the_linear_scaling_rule() -> None:
 def test_schedule_settings_no_schedule_can_follow_are_refused(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ScheduleSettings(**change)
+
+
+def test_schedule_settings_take_any_whole_number() -> None:
+    # numpy's integers and whole floats were refused by the first check (found by review)
+    settings = ScheduleSettings(total_steps=np.int64(1000), warmup_steps=10.0)  # type: ignore[arg-type]
+    assert (settings.total_steps, settings.warmup_steps) == (1000, 10)
+    assert type(settings.total_steps) is int

@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import inspect
 import math
+import numbers
 import re
 import warnings
 from collections.abc import Callable
@@ -54,8 +55,10 @@ class ScheduleSettings:
         negative warm-up ramps the rate the wrong way), one value per message."""
         for name in ("total_steps", "warmup_steps", "decay_every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            whole = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not (whole and math.isfinite(value) and value >= 0 and float(value).is_integer()):
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy's integers, 1000.0: an int
         require_in_range("decay", self.decay, 0, above=True)
         require_in_range("power", self.power, 0, above=True)
         require_in_range("warmup_epochs", self.warmup_epochs, 0)
@@ -131,14 +134,17 @@ class ScheduleStart:
             self.state = None  # then restored whole, as saved
 
 
-# What moves as a schedule steps (its position): the rest of its state is its shape.
-_POSITION_KEYS = frozenset(
+# What moves as a schedule steps (its position), and its base rates (the saved run's stay: a
+# resumed run's rate is its checkpoint's, even where this run's defaults would pick another,
+# as a parameter-server method's do for another worker count): the rest is its shape.
+_NOT_SHAPE = frozenset(
     {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"}
+    | {"base_lrs"}
 )
 
 
 def _shape(state: dict[str, Any]) -> dict[str, Any]:
-    shape = {k: v for k, v in state.items() if k not in _POSITION_KEYS}
+    shape = {k: v for k, v in state.items() if k not in _NOT_SHAPE}
     if "_schedulers" in shape:  # SequentialLR and ChainedScheduler: their members' shapes
         shape["_schedulers"] = [_shape(member) for member in shape["_schedulers"]]
     return shape
@@ -169,7 +175,12 @@ def load_schedule_state(
     saved = _named_free(state, lambdas)
     fresh = None if start is None or start.state is None else _named_free(start.state, lambdas)
     if start is not None and fresh is not None and not _same_shape(saved, fresh):
-        _replay(scheduler, fresh, start.rates, int(saved["last_epoch"]))
+        base, own = _base_of(saved), _base_of(fresh)
+        rates = start.rates
+        if base is not None and own is not None:  # this run's first rates, at the saved base
+            rates = [r * b / o if o else r for r, b, o in zip(rates, base, own, strict=True)]
+            fresh = _with_base(fresh, base)
+        _replay(scheduler, fresh, rates, int(saved["last_epoch"]))
         return
     scheduler.load_state_dict(saved)
     if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):  # a closed form of the step
@@ -189,6 +200,22 @@ def _named_free(state: dict[str, Any], lambdas: list[Any] | None) -> dict[str, A
         for fn, s in zip(lambdas, state["lr_lambdas"], strict=True)
     ]
     return {**state, "lr_lambdas": named}
+
+
+def _base_of(state: dict[str, Any]) -> list[float] | None:
+    """A schedule's base rates, or its first member's (SequentialLR keeps none of its own)."""
+    if "base_lrs" in state:
+        return list(state["base_lrs"])
+    members = state.get("_schedulers") or [{}]
+    return _base_of(members[0]) if members[0] else None
+
+
+def _with_base(state: dict[str, Any], base: list[float]) -> dict[str, Any]:
+    """``state`` with ``base`` for its base rates (its members' too: SequentialLR)."""
+    state = {**state, "base_lrs": list(base)} if "base_lrs" in state else dict(state)
+    if "_schedulers" in state:
+        state["_schedulers"] = [_with_base(member, base) for member in state["_schedulers"]]
+    return state
 
 
 def _replay(

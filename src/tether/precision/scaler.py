@@ -25,8 +25,9 @@ import torch
 
 from tether.config import TrainConfig
 
-# Overflows in a row, the loss scale below 1 (it no longer magnifies the loss), that say the
-# values themselves do not fit fp16: warned once (8 more halvings after the scale reached 1).
+# Overflows in a row, the last with the loss scale below 1 (it no longer magnifies the loss),
+# that say the values themselves do not fit fp16: warned once (from the default 2**16, the 17th
+# overflow in a row; from a scale already below 1, the 8th).
 UNTRAINABLE_STREAK = 8
 
 
@@ -120,9 +121,15 @@ class LossScaler:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
+        return {
+            "scale": self.scale,
+            "clean_steps": self.clean_steps,
+            "skipped": self.skipped,
+            "in_a_row": self.in_a_row,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale = float(state["scale"])
         self.clean_steps = int(state["clean_steps"])
         self.skipped = int(state.get("skipped", 0))
+        self.in_a_row = int(state.get("in_a_row", 0))
