@@ -227,8 +227,7 @@ def _replay(
     """Put ``scheduler`` back to its first state (``fresh``; the optimizer's ``rates`` then),
     and step it ``steps`` times."""
     scheduler.load_state_dict(copy.deepcopy(fresh))
-    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
-        group["lr"] = rate
+    _set_rates(scheduler.optimizer, rates)
     step_schedule_to(scheduler, steps)
 
 
@@ -242,12 +241,21 @@ def step_schedule_to(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int)
             scheduler.step()
 
 
+def _set_rates(optimizer: torch.optim.Optimizer, rates: list[Any]) -> None:
+    """As torch's schedulers set them: a rate held in a tensor (a capturable or fused
+    optimizer's) is filled in place, so that what holds the tensor sees the new value."""
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(float(rate))
+        else:
+            group["lr"] = rate
+
+
 def follow_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, rates: Any = None) -> None:
     """Set the optimizer's rates to the schedule's (``rates``, or its last ones): after a
     restore of the optimizer's state, whose rates were the saved run's."""
     rates = list(scheduler.get_last_lr() if rates is None else rates)
-    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
-        group["lr"] = rate
+    _set_rates(scheduler.optimizer, rates)
     scheduler._last_lr = rates  # what get_last_lr() returns
 
 
