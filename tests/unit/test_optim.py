@@ -23,7 +23,7 @@ from tether.optim import (
     linear_scaling,
     needs_closure,
 )
-from tether.optim.schedules import ScheduleStart, load_schedule_state
+from tether.optim.schedule_resume import ScheduleStart, load_schedule_state
 
 A = torch.tensor([[3.0, 0.5], [0.5, 1.0]])
 

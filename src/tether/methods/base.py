@@ -37,13 +37,13 @@ from tether.errors import TetherError
 from tether.methods.flat import check_one_buffer
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
-from tether.optim.schedules import (
+from tether.optim.schedule_resume import (
     ScheduleStart,
-    check_schedule,
     follow_schedule,
     load_schedule_state,
     step_schedule_to,
 )
+from tether.optim.schedules import check_schedule
 from tether.parallel.grid import ProcessGrid
 from tether.parallel.norms import clip_grad_norm_ as clip_sharded_grad_norm_
 from tether.parallel.norms import reduce_trust_norms, shared_over
