@@ -90,7 +90,7 @@ def check_kept(
     if not changed:
         return
     asked = ", ".join(f"{key} {_text(getattr(config, key))}" for key in changed)
-    had = ", ".join(f"{key} {_text(getattr(saved, key))}" for key in changed)
+    had = ", ".join(f"{key} {_text(getattr(saved, key))}{_scaled(key, saved)}" for key in changed)
     named, value = "them", "the run's"
     if len(changed) == 1:
         named, value = changed[0], _text(getattr(saved, changed[0]))
@@ -98,6 +98,18 @@ def check_kept(
         f"cannot resume {run_dir} with {asked}: the run has {had}, which its checkpointed "
         f"optimizer, schedule, method state and data position were made under; leave {named} "
         f"out (or give {value}) to continue it, or start a new run in another directory"
+    )
+
+
+def _scaled(key: str, saved: TrainConfig) -> str:
+    """What a saved rate is, when the run scaled it to its batch: the config holds the rate at
+    ``lr_base_batch``, not the one the optimizer took (summary.json's ``lr``), and a user who
+    asks for the latter must see why it is refused (found by a docs review)."""
+    if key != "lr" or not saved.lr_base_batch:
+        return ""
+    return (
+        f" (its rate at a batch of lr_base_batch {saved.lr_base_batch}, which the run scales to "
+        "its own batch: summary.json's lr is the one it took)"
     )
 
 

@@ -61,7 +61,8 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         "--ranks-per-node",
         "ranks_per_node",
         int,
-        "ranks per node for 'hierarchical' (0: launcher's)",
+        "ranks per node for 'hierarchical' and two-level-easgd (0: the launcher's); fewer "
+        "than the workers emulates nodes on one machine",
     ),
     (
         "--threads-per-worker",
@@ -115,7 +116,7 @@ FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
         "--stop-at-target",
         "stop_at_target",
         "store_true",
-        "stop as soon as --target-accuracy is reached",
+        "stop as soon as the target (--target or --target-accuracy) is reached",
     ),
     (
         "--no-pin-workers",

@@ -30,10 +30,9 @@ def test_the_scale_backs_off_on_overflow_and_grows_after_clean_steps() -> None:
     assert again.state_dict() == scaler.state_dict()
 
 
-def test_a_run_whose_every_step_overflows_is_told_once(capsys, monkeypatch) -> None:
+def test_a_run_whose_every_step_overflows_is_told_once(capsys) -> None:
     # Before: 30 of 30 steps skipped, the first weights evaluated, status 0 and no word.
-    monkeypatch.setenv("RANK", "3")
-    scaler = LossScaler()  # 2**16, halved on each overflow
+    scaler = LossScaler(rank=3)  # 2**16, halved on each overflow
     for _ in range(16):  # down to 1: backing off from a high scale is its normal work
         scaler.update(True)
     scaler.update(False)  # a clean step ends the streak

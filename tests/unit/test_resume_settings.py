@@ -191,3 +191,15 @@ def test_repeated_parallel_plans_add_up() -> None:
     argv += ["--parallel-plan", "fc1=column", "--parallel-plan", "fc2=row"]
     config = config_from_args(parser.parse_args(argv), str)
     assert config.parallel_plan == ("fc1=column", "fc2=row")
+
+
+def test_a_refused_rate_the_run_scaled_says_which_rate_the_config_holds(tmp_path: Path) -> None:
+    # sync-sgd's default rate is held at lr_base_batch 256 and scaled to the run's batch: a user
+    # who gave the rate summary.json shows (0.05) was told "the run has lr 0.1" (a docs review).
+    run = _run(tmp_path, lr=0.1, lr_base_batch=256)
+    with pytest.raises(TetherError) as caught:
+        _resume(run, "--lr", "0.05")
+    assert (
+        "with lr 0.05: the run has lr 0.1 (its rate at a batch of lr_base_batch 256, which the "
+        "run scales to its own batch: summary.json's lr is the one it took)"
+    ) in str(caught.value)

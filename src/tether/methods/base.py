@@ -178,7 +178,7 @@ class TrainingMethod(ABC):
             sharing = self.overflow_sharing()
             if context.grid is not None:  # a slice's overflow is the whole model group's
                 sharing = shared_over(context.grid.model, sharing)
-            self.scaler = LossScaler(ScalerSettings.of(self.config), sharing)
+            self.scaler = LossScaler(ScalerSettings.of(self.config), sharing, self.transport.rank)
         self.local_step = 0  # optimizer steps this worker has taken, counted from the run start
         self.own_replica_restored = False  # set by load_state_dict from a rank's own shard
         # Multiplies the gradient before the update: 1/k under gradient accumulation over k

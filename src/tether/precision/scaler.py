@@ -15,7 +15,6 @@ workers decide alone, and a parameter-server worker never pushes a gradient that
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -59,8 +58,10 @@ class LossScaler:
         self,
         settings: ScalerSettings = ScalerSettings(),
         share: Callable[[torch.Tensor], None] | None = None,
+        rank: int | None = None,
     ) -> None:
         self.settings = settings
+        self.rank = rank  # whose warning it is (None: no rank to name)
         self.scale = float(settings.init_scale)
         self.clean_steps = 0  # steps since the last overflow
         self.skipped = 0  # steps skipped for an overflow, in this run
@@ -108,8 +109,7 @@ class LossScaler:
         themselves do not fit fp16, every step is skipped and the run would end "trained" with
         its first weights (found by a user: 30 of 30 steps skipped, exit status 0, no word)."""
         self.said = True
-        rank = os.environ.get("RANK")
-        who = f"rank {rank}: " if rank is not None else ""
+        who = f"rank {self.rank}: " if self.rank is not None else ""
         print(
             f"tether: warning: {who}fp16: the last {self.in_a_row} steps overflowed (inf or NaN "
             f"gradients) and were skipped, the loss scale down to {self.scale:g} from "
