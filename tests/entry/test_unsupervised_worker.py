@@ -286,6 +286,28 @@ def test_workers_that_give_a_hung_hogwild_server_up_end_the_torchrun_run(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not (VENV_BIN / "mpiexec").exists(), reason="no mpiexec (the mpi extra)")
+def test_under_mpiexec_a_failing_worker_waits_for_the_others_in_finalize(tmp_path: Path) -> None:
+    # What the README says of mpiexec: no rule of ours there, the failing rank's exit waits in
+    # MPI's finalize (mpi4py's, at exit) for the others, which carry on; the job's status is 1.
+    script = tmp_path / "script.py"
+    script.write_text(FAILING_WORKER_SCRIPT)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    mpiexec = [str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, str(script), "async-sgd"]
+    proc = subprocess.Popen(
+        mpiexec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "worker rank 1 finished" in stdout, stderr[-3000:]
+    assert "ValueError: a corrupt sample in worker 2's shard" in stderr
+    assert "tether: worker rank 2 was lost" in stderr  # the server's report
+
+
+@pytest.mark.slow
 def test_a_run_whose_every_worker_failed_fails(tmp_path: Path) -> None:
     # Each failing worker leaves with status 0 (its own failure), so the server's status must
     # say that none finished: it exited 0 and the run "succeeded" (found by review).

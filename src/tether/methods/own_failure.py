@@ -15,10 +15,14 @@ and the launcher keeps the other ranks running.
 Not when one of Tether's own exchanges with the server failed: the server is then gone or hung,
 and the failure must reach the launcher, which ends the run (a hung server would otherwise keep
 it waiting). Not after the worker's goodbye (``ctx.finish()``): it has left the run. A worker
-killed by a signal, or a run under ``mpiexec`` (a rank leaving early gets the job killed), is
-not covered: the launcher ends the run as before. The process ends at once (``os._exit``): its
-``atexit`` handlers do not run (the interpreter's teardown could wait for ever on threads
-blocked on the server's wire), so a script's own logs are best flushed in a ``finally``.
+killed by a signal is not covered: the launcher ends the run as before. Nor is a run under
+``mpiexec``, where no rule is needed: the failing rank's exit waits in MPI's finalize (mpi4py's,
+at exit) until every rank has finalized, so the others carry on and the job ends with its status
+1 (MPICH's Hydra); ending at once instead, without finalizing, would get the job killed.
+
+The process ends at once (``os._exit``): its ``atexit`` handlers do not run (the interpreter's
+teardown could wait for ever on threads blocked on the server's wire), so a script's own logs
+are best flushed in a ``finally``.
 """
 
 from __future__ import annotations
