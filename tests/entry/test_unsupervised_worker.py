@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,15 +65,41 @@ def _torchrun(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
     return proc.returncode, stdout, stderr, time.monotonic() - started
 
 
+def _mpiexec(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
+    """``mpiexec -n 3 python ARGV`` in ``cwd``, as :func:`_torchrun` runs torchrun."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        kill_tree(proc.pid)
+    return proc.returncode, stdout, stderr, time.monotonic() - started
+
+
+NO_MPIEXEC = not (VENV_BIN / "mpiexec").exists()
+LAUNCHERS = [
+    pytest.param(_torchrun, id="torchrun"),
+    pytest.param(_mpiexec, id="mpiexec", marks=pytest.mark.skipif(NO_MPIEXEC, reason="no mpi")),
+]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("method", ["async-sgd", "hogwild-sgd"])
-def test_a_hung_worker_does_not_keep_torchrun_waiting(tmp_path: Path, method: str) -> None:
+def test_a_hung_worker_does_not_keep_the_launcher_waiting(
+    tmp_path: Path, method: str, launcher: Any
+) -> None:
     # Before: the server gave the worker up and finished with the others, and torchrun waited
-    # for the hung process for ever (no supervisor ends it). Now the server's END reaches the
-    # worker's watch, which ends the process with status 0.
+    # for the hung process for ever (no supervisor ends it); under mpiexec the others, done,
+    # waited for it in MPI's finalize. Now the server's END reaches the worker's watch, which
+    # ends the process with status 0 (under MPI once its finalize has waited for the others).
     script = tmp_path / "script.py"
     script.write_text(HANGING_WORKER_SCRIPT)
-    code, stdout, stderr, took = _torchrun([str(script), method], tmp_path)
+    code, stdout, stderr, took = launcher([str(script), method], tmp_path)
     assert code == 0, stderr[-3000:]
     assert "worker rank 2 hangs" in stdout
     assert "worker rank 1 finished" in stdout, stdout
@@ -286,22 +313,14 @@ def test_workers_that_give_a_hung_hogwild_server_up_end_the_torchrun_run(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (VENV_BIN / "mpiexec").exists(), reason="no mpiexec (the mpi extra)")
+@pytest.mark.skipif(NO_MPIEXEC, reason="no mpiexec (the mpi extra)")
 def test_under_mpiexec_a_failing_worker_waits_for_the_others_in_finalize(tmp_path: Path) -> None:
     # What the README says of mpiexec: no rule of ours there, the failing rank's exit waits in
     # MPI's finalize (mpi4py's, at exit) for the others, which carry on; the job's status is 1.
     script = tmp_path / "script.py"
     script.write_text(FAILING_WORKER_SCRIPT)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    mpiexec = [str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, str(script), "async-sgd"]
-    proc = subprocess.Popen(
-        mpiexec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        kill_tree(proc.pid)
-    assert proc.returncode == 1, stderr[-3000:]
+    code, stdout, stderr, _ = _mpiexec([str(script), "async-sgd"], tmp_path)
+    assert code == 1, stderr[-3000:]
     assert "worker rank 1 finished" in stdout, stderr[-3000:]
     assert "ValueError: a corrupt sample in worker 2's shard" in stderr
     assert "tether: worker rank 2 was lost" in stderr  # the server's report

@@ -18,6 +18,7 @@ from tether.methods.ps_server import WATCH_CHANNEL, ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
 from tether.methods.server_end_watch import (
     ServerEndWatch,
+    own_failure_wanted,
     say_given_up,
     supervised,
     watch_wanted,
@@ -171,7 +172,7 @@ def test_an_exchange_that_raises_marks_the_link_failed() -> None:
     worker.close()
 
 
-def test_only_a_process_without_a_supervisor_or_mpi_watches(
+def test_only_a_process_without_a_supervisor_watches_and_without_mpi_leaves_on_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(JOINED_MARK_ENV, raising=False)
@@ -193,9 +194,11 @@ def test_only_a_process_without_a_supervisor_or_mpi_watches(
             return cls.finalized
 
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", _MPI)
-    assert not watch_wanted()  # an early exit would get every other rank killed
+    # the watch finalizes MPI before it leaves (leave_job), but a failing worker needs no rule:
+    # its exit waits in MPI's finalize for the others anyway
+    assert watch_wanted() and not own_failure_wanted()
     _MPI.finalized = True
-    assert watch_wanted()
+    assert watch_wanted() and own_failure_wanted()
 
 
 class _Lines:

@@ -27,7 +27,7 @@ from tether.methods.flat import flatten_parameters
 from tether.methods.own_failure import tolerate_own_failure, withdraw
 from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
-from tether.methods.server_end_watch import ServerEndWatch, watch_wanted
+from tether.methods.server_end_watch import ServerEndWatch, own_failure_wanted, watch_wanted
 from tether.observe.metrics import PhaseTotals
 from tether.observe.pulse_mark import WHILE_SERVING, stop_watching, watch_self
 
@@ -155,11 +155,12 @@ class ServerMethod(TrainingMethod):
 
     def arm_end_watch(self) -> None:
         """A worker that has joined, with no supervisor to end it should the run give it up
-        and finish without it (torchrun, srun): :mod:`tether.methods.server_end_watch`; nor to
-        keep its own failure from the launcher: :mod:`tether.methods.own_failure`."""
+        and finish without it (torchrun, srun, mpiexec): :mod:`~tether.methods.server_end_watch`;
+        nor to keep its own failure from the launcher: :mod:`~tether.methods.own_failure`."""
         if not self.is_server and self.tolerates_worker_loss and watch_wanted():
             self._end_watch = ServerEndWatch(self.link, self.transport.rank)
-            tolerate_own_failure(self.link, self.transport.rank, self.config.method)
+            if own_failure_wanted():
+                tolerate_own_failure(self.link, self.transport.rank, self.config.method)
 
     def disarm_end_watch(self) -> None:
         if self._end_watch is not None:

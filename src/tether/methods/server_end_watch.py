@@ -23,9 +23,13 @@ its results after its ``ctx.finish()`` (or a ``tether train`` server writing the
 Work a loop does after its last step and before ``ctx.finish()`` counts as the loop: a save or
 an evaluation longer than ``--timeout`` there gets the worker given up (call ``ctx.finish()``
 first). A worker stopped by a signal (SIGSTOP), or hung in native code that holds the
-interpreter's lock, runs no thread and is not covered. Nor is a process that has started MPI
-(``tether.init`` under ``mpiexec``, :func:`mpi_running`): a rank that leaves early there, whatever
-its status, gets every other rank of the job killed by the launcher, which is worse than waiting.
+interpreter's lock, runs no thread and is not covered.
+
+Under ``mpiexec`` (``tether.init`` agrees on its rendezvous through mpi4py: :func:`mpi_running`)
+the other ranks, done, wait in MPI's finalize for this one, and a rank that left without
+finalizing would get every other rank of the job killed by the launcher. So there the watch
+finalizes MPI from its own thread first (mpi4py initializes MPI with multiple threads allowed),
+which returns once every rank has: the job then ends as a whole (:func:`leave_job`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -44,6 +49,7 @@ from tether.comm.messages import MessageProtocol
 from tether.observe.joined import JOINED_MARK_ENV
 from tether.observe.last_words import say_last_words
 
+MPI_LEAVE_PAUSE_S = 1.0  # after MPI's finalize returned, before the process ends (leave_job)
 GRACE_S = 5.0  # as the supervisor gives a worker that outlives the server (tether.launch)
 POLL_S = 0.5
 FLUSH_S = 1.0  # how long the leaving process waits for its buffered output
@@ -62,6 +68,26 @@ def say_given_up(wire: MessageProtocol, ranks: Iterable[int], channel: int) -> N
     for rank in ranks:
         with contextlib.suppress(Exception):
             wire.send_message(end, rank, MessageKind.STOP, channel=channel)
+
+
+def mpi_running() -> bool:
+    """Whether this process has started MPI (``tether.init`` under ``mpiexec`` agrees on its
+    rendezvous through mpi4py): a process that then leaves without finalizing it makes
+    MPICH's and Open MPI's launchers kill every other rank of the job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and bool(mpi.Is_initialized()) and not bool(mpi.Is_finalized())
+
+
+def leave_job(status: int) -> None:
+    """End this process with ``status`` at once, from any thread; under MPI after finalizing
+    it, which waits until every rank of the job has (see the module docstring)."""
+    if mpi_running():
+        sys.modules["mpi4py.MPI"].Finalize()
+        # MPICH's Hydra sometimes killed a rank still on its way out of its own finalize when
+        # this one left at once (the job's status 9), never when it left a moment later:
+        # benchmarks/results/faults_amd-epyc-2cores.md, notes of 2026-11-28
+        time.sleep(MPI_LEAVE_PAUSE_S)
+    os._exit(status)
 
 
 class WatchedLink(Protocol):
@@ -89,7 +115,7 @@ class ServerEndWatch:
         link: WatchedLink,
         rank: int,
         grace_s: float = GRACE_S,
-        leave: Callable[[int], None] = os._exit,
+        leave: Callable[[int], None] = leave_job,
         main_alive: Callable[[], bool] = lambda: threading.main_thread().is_alive(),
     ) -> None:
         self._link = link
@@ -120,21 +146,21 @@ class ServerEndWatch:
         message = (
             f"tether: worker rank {self._rank}: the parameter server gave this worker up (silent "
             f"for --timeout) and has finished; {self._grace_s:g} s later its loop has still not "
-            "reached ctx.finish(): the process ends itself (status 0) so that its launcher "
-            "does not wait for it\n"
+            "reached ctx.finish(): the process ends itself (status 0"
+            + (", once MPI's finalize has waited for the other ranks" if mpi_running() else "")
+            + ") so that its launcher does not wait for it\n"
         )
         say_last_words(message, FLUSH_S)  # not through sys.stderr: the stuck thread may hold it
         self._leave(0)
 
 
-def mpi_running() -> bool:
-    """Whether this process has started MPI (``tether.init`` under ``mpiexec`` agrees on its
-    rendezvous through mpi4py): a process that then leaves without finalizing it makes
-    MPICH's and Open MPI's launchers kill every other rank of the job."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and bool(mpi.Is_initialized()) and not bool(mpi.Is_finalized())
-
-
 def watch_wanted() -> bool:
-    """A worker with no supervisor to end it, whose early exit would harm nobody else."""
-    return not supervised() and not mpi_running()
+    """A worker with no supervisor to end it should the run leave it behind."""
+    return not supervised()
+
+
+def own_failure_wanted() -> bool:
+    """A worker with no supervisor, whose early exit on its own failure would harm nobody else
+    (under MPI its exit waits in MPI's finalize for the others anyway:
+    :mod:`tether.methods.own_failure`)."""
+    return watch_wanted() and not mpi_running()
