@@ -135,3 +135,7 @@ def test_an_overflow_is_skipped_by_the_right_ranks_and_low_precision_trains(tmp_
     for precision in ("bf16", "fp16"):
         accuracy = results[0][precision]["final_metrics"]["accuracy"]
         assert accuracy >= 0.85, (precision, accuracy)  # ten classes; fp32 reaches about 0.95
+    # the skipped steps in summary.json (a run that skipped every step said nothing of it)
+    skipped = results[0]["fp16"]["fp16_skipped_steps"]
+    assert isinstance(skipped, int) and 0 <= skipped < 120, skipped
+    assert results[0]["bf16"]["fp16_skipped_steps"] is None

@@ -56,6 +56,9 @@ def run_summary(
         "settings": run_settings(config, method.optimizer),  # what it used (compare's rows)
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": schedule_name(method.scheduler),
+        # fp16: the steps the writing rank skipped for an overflow (every rank's count in the
+        # synchronous methods, which skip alike; None where it scales no loss: a server)
+        "fp16_skipped_steps": method.scaler.skipped if method.scaler is not None else None,
         "final_test_accuracy": final_metrics.get("accuracy"),
         "final_test_loss": final_metrics.get("loss"),
         "final_metrics": final_metrics,
