@@ -116,7 +116,8 @@ FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
         "--stop-at-target",
         "stop_at_target",
         "store_true",
-        "stop as soon as the target (--target or --target-accuracy) is reached",
+        "stop as soon as the run's target is reached (--target-accuracy; tether train: or "
+        "--target)",
     ),
     (
         "--no-pin-workers",

@@ -95,16 +95,19 @@ def build_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def _train_in(rank: int, precision: str, root: Path) -> dict[str, Any]:
+def _train_in(
+    rank: int, precision: str, root: Path, method: str = "sync-sgd", steps: int = 120
+) -> dict[str, Any]:
     train, test = digits()
     task = Task(model=build_mlp, train_data=train, eval_data=test, loss=nn.CrossEntropyLoss())
-    config = TrainConfig(method="sync-sgd", workers=WORLD, batch_size=16, lr=0.1, steps=120,
-                         eval_every=120, precision=precision, out=str(root / precision),
+    workers = WORLD - METHODS.get(method).server_processes
+    out = root / f"{method}-{precision}"
+    config = TrainConfig(method=method, workers=workers, batch_size=16, lr=0.1, steps=steps,
+                         eval_every=steps, precision=precision, out=str(out),
                          progress=False)  # fmt: skip
     Trainer(config, task, WorkerRuntime(TorchTransport(), CPU)).run()
     dist.barrier()
-    path = root / precision / "summary.json"
-    return json.loads(path.read_text()) if rank == 0 else {}
+    return json.loads((out / "summary.json").read_text()) if rank == 0 else {}
 
 
 def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -112,6 +115,7 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
            ("sync-sgd", "sync-easgd", "async-easgd", "async-sgd")}  # fmt: skip
     for precision in ("bf16", "fp16"):
         out[precision] = _train_in(rank, precision, Path(root))
+    out["async-sgd fp16"] = _train_in(rank, "fp16", Path(root), "async-sgd", steps=20)
     return out
 
 
@@ -139,3 +143,5 @@ def test_an_overflow_is_skipped_by_the_right_ranks_and_low_precision_trains(tmp_
     skipped = results[0]["fp16"]["fp16_skipped_steps"]
     assert isinstance(skipped, int) and 0 <= skipped < 120, skipped
     assert results[0]["bf16"]["fp16_skipped_steps"] is None
+    # a parameter server writes the summary and scales no loss: not its 0 (found by review)
+    assert results[0]["async-sgd fp16"]["fp16_skipped_steps"] is None

@@ -5,6 +5,7 @@ Tether's own exchanges, and never once it said goodbye."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -224,3 +225,41 @@ def test_both_kinds_of_silence_are_told_at_the_end() -> None:
     server_wire.close()
     for wire in workers:
         wire.close()
+
+
+# leave_job on a thread of its own, under a stand-in for mpi4py.MPI whose finalize raises (the
+# MPI standard wants it on the thread that initialized MPI) or whose thread level is funneled;
+# the main thread hangs as a stuck loop does.
+LEAVING = """
+import sys, threading, time, types
+mpi = types.ModuleType("mpi4py.MPI")
+mpi.THREAD_MULTIPLE = 3
+mpi.Is_initialized = lambda: True
+mpi.Is_finalized = lambda: False
+mpi.Query_thread = lambda: {level}
+def finalize():
+    print("finalize called", flush=True)
+    raise RuntimeError("MPI_Finalize: not the main thread")
+mpi.Finalize = finalize
+sys.modules["mpi4py.MPI"] = mpi
+from tether.methods.server_end_watch import leave_job
+threading.Thread(target=leave_job, args=(7,), daemon=True).start()
+time.sleep(5)
+print("still alive", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("level", "finalized"), [(3, True), (1, False)])
+def test_a_leaving_worker_ends_even_where_mpi_refuses_its_finalize(
+    level: int, finalized: bool
+) -> None:
+    # Before: a finalize that raised ended the watch's thread, and the hung process (and so
+    # the job) waited for ever (found by review). Now it leaves unfinalized: the launcher
+    # ends the job. Below MPI_THREAD_MULTIPLE no finalize is tried from another thread.
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVING.format(level=level)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 7, done.stdout + done.stderr
+    assert "still alive" not in done.stdout
+    assert ("finalize called" in done.stdout) is finalized

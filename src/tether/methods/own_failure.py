@@ -6,7 +6,7 @@ the failure of a worker that has joined its run from torch's elastic agent (whic
 otherwise stop every process) and records it lost. With no supervisor the failing process
 itself is the only place that can do so: once a worker of a method that tolerates a lost worker
 has joined (the same moment its :class:`~tether.methods.server_end_watch.ServerEndWatch` is
-armed, under the same conditions: no supervisor, no MPI started), an exception that would end
+armed: no supervisor; and no MPI started, see below), an exception that would end
 its process (uncaught in a user's script on ``tether.init``, or out of ``python -m tether.run``'s
 trainer) is printed with its traceback, said in one line, and the process ends with status 0:
 the server hears its connection close and gives the worker up at once, as it does a dead one,

@@ -28,8 +28,11 @@ interpreter's lock, runs no thread and is not covered.
 Under ``mpiexec`` (``tether.init`` agrees on its rendezvous through mpi4py: :func:`mpi_running`)
 the other ranks, done, wait in MPI's finalize for this one, and a rank that left without
 finalizing would get every other rank of the job killed by the launcher. So there the watch
-finalizes MPI from its own thread first (mpi4py initializes MPI with multiple threads allowed),
-which returns once every rank has: the job then ends as a whole (:func:`leave_job`).
+finalizes MPI from its own thread first, which returns once every rank has: the job then ends
+as a whole (:func:`leave_job`). The MPI standard asks for the finalize on the thread that
+initialized MPI; MPICH (tried, with mpi4py's default thread level, multiple) takes it from
+another. Where the thread level is lower, or the finalize fails, the process leaves without it:
+the launcher then kills the job, which ends it rather than keeping it waiting.
 """
 
 from __future__ import annotations
@@ -81,13 +84,16 @@ def mpi_running() -> bool:
 def leave_job(status: int) -> None:
     """End this process with ``status`` at once, from any thread; under MPI after finalizing
     it, which waits until every rank of the job has (see the module docstring)."""
-    if mpi_running():
-        sys.modules["mpi4py.MPI"].Finalize()
-        # MPICH's Hydra sometimes killed a rank still on its way out of its own finalize when
-        # this one left at once (the job's status 9), never when it left a moment later:
-        # benchmarks/results/faults_amd-epyc-2cores.md, notes of 2026-11-28
-        time.sleep(MPI_LEAVE_PAUSE_S)
-    os._exit(status)
+    try:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi_running() and mpi is not None and mpi.Query_thread() == mpi.THREAD_MULTIPLE:
+            mpi.Finalize()
+            # MPICH's Hydra sometimes killed a rank still on its way out of its own finalize
+            # when this one left at once (the job's status 9), never when it left a moment
+            # later: benchmarks/results/faults_amd-epyc-2cores.md, notes of 2026-11-28
+            time.sleep(MPI_LEAVE_PAUSE_S)
+    finally:  # a finalize refused or failed: leaving unfinalized ends the job, not a wait
+        os._exit(status)
 
 
 class WatchedLink(Protocol):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tether.config import TrainConfig
-from tether.methods import TrainingMethod
+from tether.methods import Role, TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json
 from tether.observe.metrics import PhaseTotals
 from tether.optim.schedules import schedule_name
@@ -57,8 +57,12 @@ def run_summary(
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": schedule_name(method.scheduler),
         # fp16: the steps the writing rank skipped for an overflow (every rank's count in the
-        # synchronous methods, which skip alike; None where it scales no loss: a server)
-        "fp16_skipped_steps": method.scaler.skipped if method.scaler is not None else None,
+        # synchronous methods, which skip alike; None on a server, which scales no loss)
+        "fp16_skipped_steps": (
+            method.scaler.skipped
+            if method.scaler is not None and method.role() is not Role.SERVER
+            else None
+        ),
         "final_test_accuracy": final_metrics.get("accuracy"),
         "final_test_loss": final_metrics.get("loss"),
         "final_metrics": final_metrics,
