@@ -101,10 +101,14 @@ def test_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     message = str(info.value)
     assert "did not finish within --timeout 3 s" in message and "\n" not in message
     # Whichever rank's deadline fires first leaves its stacks (the other is then stopped by the
-    # launcher): rank 1 sleeping, or rank 0 waiting for it in a collective; both in _run_rank.
+    # launcher): rank 1 sleeping, or rank 0 waiting for it in a collective, in _run_rank. Rank
+    # 0's collective times out at the same 3 s: its deadline can fire as it cancels it, in run's
+    # cleanup (seen once in CI, 2026-11-28), so one file, not every one, must show _run_rank.
     hang_files = sorted(tmp_path.glob("hang-rank*.txt"))
     assert hang_files, "no rank left its stacks"
-    assert all("_run_rank" in f.read_text() for f in hang_files)
+    stacks = [f.read_text() for f in hang_files]
+    assert all("comm_worker.py" in text for text in stacks)
+    assert any("_run_rank" in text for text in stacks), stacks
     assert all(f.name in message for f in hang_files)
     assert elapsed < 3.0 + 30  # the deadline, plus starting Python and torch on a busy machine
     assert not (tmp_path / "comm.json").exists()
