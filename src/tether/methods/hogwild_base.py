@@ -50,7 +50,7 @@ from tether.methods.loss_board import LossBoard
 from tether.methods.ps_method import ServerHooks, ServerMethod
 from tether.methods.shared_memory import SharedFiles
 from tether.observe.pulse_mark import beat as beat_pulse
-from tether.observe.pulse_mark import stop_watching, watch_self
+from tether.observe.pulse_mark import watching_self
 
 # Point-to-point channels: 0 data and 1 liveness (ps_server), 2 hogwild-easgd's threaded exchanges.
 SETUP_CHANNEL = 3
@@ -247,15 +247,12 @@ class HogwildMethod(ServerMethod):
         # loop that hangs after their last look at its pulse would keep a launcher without a
         # supervisor of ours (torchrun) waiting for ever. It watches its own pulse, by the
         # workers' rule (still for the timeout: hung), while it serves.
-        watch_self(
+        with watching_self(
             f"server rank {self.transport.rank}",
             self.config.timeout_s,
             "while it served its workers: its pulse on the board (the loop that watches them)",
-        )
-        try:
+        ):  # its serving over, ServerProgress watches what follows
             self._watch_workers(hooks, local_steps)
-        finally:
-            stop_watching()  # its serving over: ServerProgress watches what follows
 
     def _watch_workers(self, hooks: ServerHooks, local_steps: Callable[[], list[int]]) -> None:
         state = self.server.state

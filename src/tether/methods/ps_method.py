@@ -29,7 +29,7 @@ from tether.methods.ps_server import ServerEndpoint
 from tether.methods.ps_worker import WorkerEndpoint
 from tether.methods.server_end_watch import ServerEndWatch, own_failure_wanted, watch_wanted
 from tether.observe.metrics import PhaseTotals
-from tether.observe.pulse_mark import WHILE_SERVING, stop_watching, watch_self
+from tether.observe.pulse_mark import WHILE_SERVING, watching_self
 
 
 class ServerHooks(Protocol):
@@ -270,37 +270,26 @@ class ServerMethod(TrainingMethod):
         the timeout, or the worker is given up as silent) and then waits a timeout, so a pulse
         still for twice the timeout is one no worker would still wait for.
         """
-        rank, timeout_s = self.transport.rank, self.config.timeout_s
-        watch_self(f"server rank {rank}", timeout_s, WHILE_SERVING, patience=2.0)
-        try:
-            return self._serve_each(hooks, arrivals, before_reply, after_reply, round_end)
-        finally:
-            stop_watching()  # its serving over: what follows has its own watch
-
-    def _serve_each(
-        self,
-        hooks: ServerHooks,
-        arrivals: Iterable[Message],
-        before_reply: Callable[[Message], None],
-        after_reply: Callable[[Message], None] | None,
-        round_end: Callable[[Message], bool] | None,
-    ) -> int:
-        stopping = False
-        for msg in arrivals:
-            rank = msg.header.sender
-            if msg.header.loss_steps:
-                hooks.on_worker_loss(rank, msg.header.step, msg.header.loss, msg.header.loss_steps)
-            if msg.header.kind is MessageKind.PULL:  # a worker reads the vector (eval_model)
-                self.server.reply(rank, self.flat, stop=stopping)
-                continue
-            if stopping:
-                self.server.reply(rank, self.flat, stop=True)
-                continue
-            before_reply(msg)
-            self.server.reply(rank, self.flat)
-            if after_reply is not None:
-                after_reply(msg)
-            self.updates += 1
-            consistent = round_end is None or round_end(msg)
-            stopping = hooks.on_progress(self.server.state.global_step(), consistent)
-        return self.updates
+        who, timeout_s = f"server rank {self.transport.rank}", self.config.timeout_s
+        with watching_self(who, timeout_s, WHILE_SERVING, patience=2.0):
+            stopping = False
+            for msg in arrivals:
+                rank = msg.header.sender
+                if msg.header.loss_steps:
+                    hooks.on_worker_loss(
+                        rank, msg.header.step, msg.header.loss, msg.header.loss_steps
+                    )
+                if msg.header.kind is MessageKind.PULL:  # a worker reads the vector (eval_model)
+                    self.server.reply(rank, self.flat, stop=stopping)
+                    continue
+                if stopping:
+                    self.server.reply(rank, self.flat, stop=True)
+                    continue
+                before_reply(msg)
+                self.server.reply(rank, self.flat)
+                if after_reply is not None:
+                    after_reply(msg)
+                self.updates += 1
+                consistent = round_end is None or round_end(msg)
+                stopping = hooks.on_progress(self.server.state.global_step(), consistent)
+            return self.updates

@@ -45,7 +45,7 @@ from tether.methods.ps_state import ServerState, WorkerLost
 from tether.methods.reply_lines import LISTEN_TIMEOUT, ReplyLines
 from tether.methods.server_end_watch import say_given_up
 from tether.observe.metrics import PhaseTotals
-from tether.observe.pulse_mark import beat, waiting
+from tether.observe.pulse_mark import awake, waiting
 
 DATA_CHANNEL = 0
 WATCH_CHANNEL = 1
@@ -216,7 +216,7 @@ class ServerEndpoint:
         silence = self.silence_timeout_s
         while self.state.active:
             msg = self._next_event(timeout=None if silence is None else min(1.0, silence / 4))
-            beat()  # awake, between messages: the serving thread's own watch (pulse_mark)
+            awake()  # between messages: the serving thread's own watch (pulse_mark)
             if msg is not None:
                 yield msg
             if silence is not None:

@@ -19,7 +19,8 @@ ends its process with status 1, so that the launcher fails the run naming it, as
 supervisor would. A wait inside one of Tether's own receives, which ends by its own timeout, is
 not stillness (:func:`waiting`).
 
-Standard library only (and tether.observe.files and last_words, which are too): the supervisor imports it.
+Standard library only (and tether.observe.files and last_words, which are too): the supervisor
+imports it.
 """
 
 from __future__ import annotations
@@ -67,11 +68,18 @@ def start_pulse(timeout_s: float) -> None:
 
 def beat() -> None:
     """The server is at work: move the file's time (if there is a file) and the self-watch's."""
-    _Beats.last = time.monotonic()
+    awake()
     path = _path()
     if path is not None:
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+def awake() -> None:
+    """The serving thread is awake (between messages): the self-watch's time only. The file's
+    is for the supervisor, which reads it once every worker is done, not while it serves, so
+    the serving loop does not write it for every message."""
+    _Beats.last = time.monotonic()
 
 
 def read_pulse(path: Path) -> tuple[float, float] | None:
@@ -89,13 +97,13 @@ def read_pulse(path: Path) -> tuple[float, float] | None:
 def waiting() -> Iterator[None]:
     """The serving thread waits in one of Tether's own receives (a round-robin server's read of
     its next worker): it ends by its own timeout and the server handles that, so the wait is
-    not stillness; the server beats when it ends."""
+    not stillness; the server is awake when it ends."""
     _Beats.waiting += 1
     try:
         yield
     finally:
         _Beats.waiting -= 1
-        beat()
+        awake()
 
 
 AFTER_SERVING = (
@@ -123,6 +131,18 @@ def watch_self(
         name="tether-self-watch",
         daemon=True,
     ).start()
+
+
+@contextlib.contextmanager
+def watching_self(
+    who: str, timeout_s: float, situation: str, patience: float = 1.0
+) -> Iterator[None]:
+    """:func:`watch_self` for the block, :func:`stop_watching` when it ends, however."""
+    watch_self(who, timeout_s, situation, patience)
+    try:
+        yield
+    finally:
+        stop_watching()
 
 
 def stop_watching() -> None:
