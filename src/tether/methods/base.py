@@ -166,7 +166,6 @@ class TrainingMethod(ABC):
             reduce_trust_norms(model, optimizer)
         self.optimizer = optimizer
         self.scheduler = check_schedule(scheduler)
-        self.schedule_start = ScheduleStart(self.scheduler) if self.scheduler else None
         self.precision = Precision(self.config.precision)
         self.scaler: LossScaler | None = None
         if self.precision.scales_loss:
@@ -391,9 +390,11 @@ class TrainingMethod(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # From a rank's own checkpoint shard (see per_rank_state): start() keeps its replica.
         self.own_replica_restored = bool(state.get("own_replica", False))
+        # the schedule as this run built it: a restore comes before any step
+        start = ScheduleStart(self.scheduler) if self.scheduler is not None else None
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
-            load_schedule_state(self.scheduler, state["scheduler"], self.schedule_start)
+            load_schedule_state(self.scheduler, state["scheduler"], start)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

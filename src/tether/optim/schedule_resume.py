@@ -28,9 +28,10 @@ from tether.optim.schedules import WarmupFactor
 
 
 class ScheduleStart:
-    """A schedule as this run built it, before its first step: what a resume replays to the
-    saved position when the run's shape differs from the checkpoint's (a factory given this
-    run's length builds another schedule than the saved run's)."""
+    """A schedule as this run built it, before its first step (taken as a restore begins,
+    before the optimizer's state is loaded over its rates): what a resume replays to the saved
+    position when the run's shape differs from the checkpoint's (a factory given this run's
+    length builds another schedule than the saved run's)."""
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         self.rates = [group["lr"] for group in scheduler.optimizer.param_groups]
