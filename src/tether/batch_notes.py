@@ -13,9 +13,10 @@ from tether.config_sources import held_batch_size
 
 
 def batch_text(config: TrainConfig, given: set[str]) -> str:
-    """The run's per-worker batch (per model group under model parallelism) for its first line, saying so when the method's defaults
-    shrank it (``global_batch_max``: a user who did not ask for 16 is told why). A resumed run
-    keeps its batch, whoever chose it, and is not told."""
+    """The run's per-worker batch (per model group under model parallelism) for its first
+    line, saying so when the method's defaults shrank it (``global_batch_max``: a user who did
+    not ask for 16 is told why). A resumed run keeps its batch, whoever chose it, and is not
+    told."""
     # the ranks of a model group share their batch: it is the group's, not each rank's
     per = "per model group" if config.model_parallel > 1 else "per worker"
     text = f"batch {config.batch_size} {per}"

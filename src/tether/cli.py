@@ -226,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run several methods on the same job and compare them",
         description="Run each method as a normal training run in OUT/METHOD/ (same model, data, "
         "workers, length and seed, and the same batch unless a method's defaults hold its "
-        "global batch: each row shows the batch it ran with), then write OUT/compare.json, compare.md and "
-        "compare.png. --out OUT defaults to runs/compare-TIMESTAMP; time to target uses "
-        "--target-accuracy, or 0.85 when not given.",
+        "global batch: each row shows the batch it ran with), then write OUT/compare.json, "
+        "compare.md and compare.png. --out OUT defaults to runs/compare-TIMESTAMP; time to "
+        "target uses --target-accuracy, or 0.85 when not given.",
     )
     compare.add_argument(
         "--methods",

@@ -2,8 +2,9 @@
 naive one, MPI's own and the exact result, and the header-checked message protocol
 (tests/distributed/mpi_worker.py holds the per-rank checks).
 
-Skipped, with the reason, where mpi4py or mpiexec is missing (the ``mpi`` extra, ``pip install -e '.[mpi]'``;
-``make test`` installs it). A hung rank is killed by ``run_mpi``'s deadline and fails the test.
+Skipped, with the reason, where mpi4py or mpiexec is missing (the ``mpi`` extra, ``pip install
+-e '.[mpi]'``; ``make test`` installs it). A hung rank is killed by ``run_mpi``'s deadline and
+fails the test.
 """
 
 from __future__ import annotations

@@ -45,39 +45,33 @@ ctx.finish()
 """
 
 
-def _torchrun(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
-    """``torchrun --nproc-per-node 3 ARGV`` in ``cwd`` (on the path): status, stdout, stderr and
-    seconds; every process of it ended, whatever happens (a session of its own)."""
+def _launched(command: list[str], cwd: Path) -> tuple[int, str, str, float]:
+    """``command`` (a launcher of 3 processes) in ``cwd``, which is on the path: status, stdout,
+    stderr and seconds; every process of it ended, whatever happens (a session of its own)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
-    torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", *argv]
     started = time.monotonic()
     proc = subprocess.Popen(
-        torchrun, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-        start_new_session=True,  # so that a hung rank is ended with torchrun if this fails
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        start_new_session=True,  # so that a hung rank is ended with the launcher if this fails
     )  # fmt: skip
     try:
         stdout, stderr = proc.communicate(timeout=90)
     finally:
-        kill_tree(proc.pid)  # torchrun's ranks live in sessions of their own
+        kill_tree(proc.pid)  # the ranks may live in sessions of their own (torchrun's do)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, stdout, stderr, time.monotonic() - started
 
 
+def _torchrun(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
+    """``torchrun --nproc-per-node 3 ARGV`` in ``cwd``: :func:`_launched`."""
+    return _launched([str(VENV_BIN / "torchrun"), "--nproc-per-node", "3", *argv], cwd)
+
+
 def _mpiexec(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
-    """``mpiexec -n 3 python ARGV`` in ``cwd``, as :func:`_torchrun` runs torchrun."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        kill_tree(proc.pid)
-    return proc.returncode, stdout, stderr, time.monotonic() - started
+    """``mpiexec -n 3 python ARGV`` in ``cwd``: :func:`_launched`."""
+    return _launched([str(VENV_BIN / "mpiexec"), "-n", "3", sys.executable, *argv], cwd)
 
 
 NO_MPIEXEC = not (VENV_BIN / "mpiexec").exists()

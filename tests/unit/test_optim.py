@@ -358,6 +358,7 @@ def test_schedule_settings_no_schedule_can_follow_are_refused(change: dict, mess
 
 def test_schedule_settings_take_any_whole_number() -> None:
     # numpy's integers and whole floats were refused by the first check (found by review)
-    settings = ScheduleSettings(total_steps=np.int64(1000), warmup_steps=10.0)  # type: ignore[arg-type]
+    whole: Any = 10.0  # a float where an int is typed: what a user's arithmetic gives
+    settings = ScheduleSettings(total_steps=np.int64(1000), warmup_steps=whole)
     assert (settings.total_steps, settings.warmup_steps) == (1000, 10)
     assert type(settings.total_steps) is int
