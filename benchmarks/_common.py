@@ -75,6 +75,7 @@ def write_part_result(
         f"- machine: {info['cpu']}, {info['cores']} cores, "
         + (f"{info['gpu']}, " if "gpu" in info else "")
         + f"torch {info['torch']}",
+        *([f"- runs: {info['runs']}"] if "runs" in info else []),  # a table over several machines
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- command: `{command}`",
         f"- took {(time.perf_counter() - started) / 60:.0f} min; figure: `{png.name}`",

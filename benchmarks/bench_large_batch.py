@@ -21,8 +21,9 @@ the optimum), then runs ``--seeds`` seeds at its best rate. Reported: final test
 and spread over seeds) and the training time to 88%. Also LARS under sync-easgd and async-easgd
 at 4096 (2 workers x 512 x accumulate 4), a combination no published system offers, with a rate
 tuned the same way for an elastic worker (seed 0), then ``--seeds`` seeds at it. Every run is
-appended to ``--cells`` as it finishes; ``--reuse`` reads finished runs back instead of running them again, and ``--offline`` builds the
-table from the file alone (runs made on another machine, e.g. a GPU, labelled with that machine).
+appended to ``--cells`` as it finishes; ``--reuse`` reads finished runs back instead of running
+them again, and ``--offline`` builds the table from the file alone (runs made on another machine,
+e.g. a GPU, labelled with the machines the table's runs were made on).
 On a machine with a GPU the runs train there (one worker: ``backend auto`` picks NCCL).
 
 Part ``precision``. fp32, bf16 and fp16 under sync-sgd, 2 CPU workers (``--device cuda``: one
@@ -192,10 +193,13 @@ class Runs:
         self.done: dict[str, dict[str, Any]] = {}
         self.found = 0  # runs read back from the file
         self.machine = machine()  # recorded with every run
+        self.made_on: dict[str, dict[str, str] | None] = {}  # a run read back: its machine
+        self.used: set[str] = set()  # the runs read back that the table shows
         if reuse and cells.exists():
             for line in filter(None, cells.read_text().splitlines()):
                 entry = json.loads(line)
                 self.done[entry["key"]] = entry["result"]
+                self.made_on[entry["key"]] = entry.get("machine")
 
     def fit(self, options: dict[str, Any], method: str = "sync-sgd", workers: int = 1) -> dict:
         if self.parallel > 1:  # one thread per run: two runs of two threads on 2 cores thrash
@@ -230,46 +234,63 @@ class Runs:
             k: v for k, v in json.loads(_run_key("sync-sgd", 1, options)).items() if k != "lr"
         }
         with self.lock:
-            return {
-                entry["lr"]: record
-                for entry, record in ((json.loads(k), r) for k, r in self.done.items())
+            found = {
+                key: (entry["lr"], record)
+                for key, entry, record in ((k, json.loads(k), r) for k, r in self.done.items())
                 if {k: v for k, v in entry.items() if k != "lr"} == wanted
             }
+            self.used.update(found)
+            return dict(found.values())
 
     def _read_back(self, key: str) -> dict[str, Any] | None:
         with self.lock:
             if key not in self.done:
                 return None
             self.found += 1
+            self.used.add(key)
             return self.done[key]
+
+    def machines_used(self) -> list[dict[str, str]]:
+        """The machine of each run read back that the table shows, in the file's order; exits in
+        one line where such a run does not record its machine."""
+        machines = []
+        for key, made_on in self.made_on.items():
+            if key not in self.used:
+                continue
+            if made_on is None:
+                raise SystemExit(
+                    f"--offline: {self.cells} has runs that do not record their machine (written "
+                    "before runs did); the table could not say where it was measured"
+                )
+            machines.append({k: v for k, v in made_on.items() if k != "host"})
+        return machines
 
 
 def _run_key(method: str, workers: int, options: dict[str, Any]) -> str:
     return json.dumps({"method": method, "workers": workers, **options}, sort_keys=True)
 
 
-def recorded_machine(cells: Path) -> dict[str, str]:
-    """The machine the runs in ``cells`` were made on (an ``--offline`` table is labelled with
-    it, not with the machine that builds the table); exits in one line where the file holds no
-    runs, or runs without their machine or of several machines."""
-    lines = [json.loads(line) for line in cells.read_text().splitlines() if line] if (
-        cells.exists()
-    ) else []  # fmt: skip
-    if not lines:
-        raise SystemExit(f"--offline: no runs in {cells}; pass the runs file with --cells FILE")
-    seen = set()
-    for entry in lines:
-        recorded = entry.get("machine")
-        if recorded is None:
-            raise SystemExit(
-                f"--offline: {cells} has runs that do not record their machine (written before "
-                "runs did); the table could not say where it was measured"
-            )
-        recorded.pop("host", None)  # two leases of the same kind of machine are one machine here
-        seen.add(json.dumps(recorded, sort_keys=True))
-    if len(seen) > 1:
-        raise SystemExit(f"--offline: {cells} holds runs of {len(seen)} machines; one per table")
-    return json.loads(seen.pop())
+def merged_machine(machines: list[dict[str, str]]) -> dict[str, str]:
+    """The label of a table built from runs made on ``machines`` (one per run; two leases of the
+    same kind of machine are one machine here): a field the machines share is given once, one
+    that differs lists each value in the runs' order (so the result file's name stays put as runs
+    are appended), and ``runs`` says how many runs each machine made. A lent GPU machine is an
+    H100 one session and an H200 the next, and a table's seeds may span both."""
+    counts: dict[str, int] = {}
+    for made_on in machines:
+        seen = json.dumps(made_on, sort_keys=True)
+        counts[seen] = counts.get(seen, 0) + 1
+    distinct = [json.loads(seen) for seen in counts]
+    if len(distinct) == 1:
+        return distinct[0]
+    merged = {
+        field: " / ".join(dict.fromkeys(m.get(field, "none") for m in distinct))
+        for field in dict.fromkeys(f for m in distinct for f in m)
+    }
+    merged["runs"] = ", ".join(
+        f"{n} on {m.get('gpu', m['cpu'])}" for m, n in zip(distinct, counts.values(), strict=True)
+    )
+    return merged
 
 
 def tune(
@@ -309,7 +330,9 @@ def best_rate(tried: dict[float, dict[str, Any]]) -> float:
     return max(ok, key=lambda v: ok[v]["accuracy"]) if ok else next(iter(tried))
 
 
-def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+def part_batches(
+    args: argparse.Namespace, scratch: Path
+) -> tuple[list[str], Figure, dict[str, str] | None]:
     batches = [int(b) for b in args.batches.split(",")]
     runs = Runs(args.cells, scratch, args.parallel, args.reuse or args.offline, args.offline)
     easgd_runs = Runs(args.cells, scratch, 1, args.reuse or args.offline, args.offline)
@@ -447,7 +470,9 @@ def part_batches(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Fi
     ax.set_title(f"{MODELS[args.model]}, Fashion-MNIST")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return lines, figure
+    if not args.offline:  # made here, now
+        return lines, figure, None
+    return lines, figure, merged_machine(runs.machines_used() + easgd_runs.machines_used())
 
 
 def training_rate(summary: dict[str, Any]) -> float:
@@ -457,7 +482,9 @@ def training_rate(summary: dict[str, Any]) -> float:
     return summary["steps"] * summary["global_batch_size"] / max(seconds, 1e-9)
 
 
-def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], Figure]:
+def part_precision(
+    args: argparse.Namespace, scratch: Path
+) -> tuple[list[str], Figure, dict[str, str] | None]:
     precisions = ("fp32", "bf16", "fp16")
     # One evaluation, at the end; the rate is over training time (evaluation pauses excluded).
     models = {
@@ -528,7 +555,7 @@ def part_precision(args: argparse.Namespace, scratch: Path) -> tuple[list[str], 
         where = f"{workers} CPU workers" if args.device == "cpu" else f"{workers} GPU(s)"
         ax.set_ylabel(f"samples/s (sync-sgd, {where}, batch {args.batch})")
     figure.tight_layout()
-    return lines, figure
+    return lines, figure, None
 
 
 def main() -> None:
@@ -593,17 +620,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.offline and args.part != "batches":
         parser.error("--offline builds part batches' table; part precision has no runs file")
-    info = recorded_machine(args.cells) if args.offline else machine()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-large-batch-") as scratch:
         part = part_batches if args.part == "batches" else part_precision
-        lines, figure = part(args, Path(scratch))
+        # an --offline table is labelled with the machines its runs were made on
+        lines, figure, made_on = part(args, Path(scratch))
     write_part_result(
         f"Large-batch training: part {args.part}",
         args.stem or f"large_batch_{args.part}",
         lines,
         figure,
-        info,
+        made_on or machine(),
         started,
     )
 

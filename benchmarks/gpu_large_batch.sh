@@ -7,8 +7,8 @@
 # or cnn (the 4.8M-parameter CNN; large_batch_cnn_30epochs_cells.jsonl). Afterwards, here: copy
 # OUTDIR/cells.jsonl over that runs file and build the table with this script's
 # bench_large_batch.py arguments, --cells that file and --offline instead of --reuse (the table
-# is labelled with the machine the runs recorded; a runs file holds one machine's runs, so runs
-# of another kind of GPU start a file of their own). Usage, from the repository root:
+# is labelled with the machines the runs recorded: a lent machine is an H100 one session and an
+# H200 the next, and the header says how many runs each made). Usage, from the repository root:
 #
 #     bash benchmarks/gpu_large_batch.sh OUTDIR [SECONDS] [PARALLEL] [MODEL]
 #
@@ -45,8 +45,9 @@ lenet5-bn)
   ;;
 cnn)
   cp benchmarks/results/large_batch_cnn_30epochs_cells.jsonl "$out/cells.jsonl" 2>/dev/null
-  # the grids' centres: where the runs so far point (LARS diverged at 2-64, Nesterov's best was
-  # 0.025, LAMB's 0.0225 at its grid's low edge); a grid whose best is at its edge is extended
+  # the grids' centres: where the runs so far point (LARS's best was 1, bracketed by 0.5 and 2;
+  # Nesterov's 0.025 and LAMB's 0.0225, bracketed); a grid whose best is at its edge is extended
+  # (LARS with no exclusion: 4, the top of its grid so far)
   rates=lars:8192=1,nesterov:8192=0.025,lamb:8192=0.0225
   common=(--model cnn --batches 256,8192 --start-lr "$rates" --stem large_batch_cnn_30epochs)
   third=$(( parallel / 3 > 1 ? parallel / 3 : 2 ))
