@@ -82,6 +82,7 @@ def test_a_users_script_leaves_its_uncaught_error_for_the_launcher(monkeypatch, 
     # exception used to reach the launcher's report as "exited with code 1" only.
     path = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.delenv("TETHER_LAUNCH_REPORTS", raising=False)  # torchrun's case
     monkeypatch.setattr(error_file, "_hooked", False)
     printed: list[BaseException] = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, exc, tb: printed.append(exc))
@@ -108,6 +109,26 @@ def test_a_users_script_leaves_its_uncaught_error_for_the_launcher(monkeypatch, 
         "after ctx.wrap; worker rank 1 failed: killed by SIGTERM"
     )
     assert ranks == [0, 1]
+
+
+def test_under_tether_launch_a_one_line_error_is_not_printed_per_rank(
+    monkeypatch, tmp_path
+) -> None:
+    # tether launch reports every failed rank's error in one line; each rank printing its
+    # traceback of a one-line error (a bad option to tether.init) too buried that line.
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setenv("TETHER_LAUNCH_REPORTS", "1")
+    monkeypatch.setattr(error_file, "_hooked", False)
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, exc, tb: printed.append(exc))
+    record_uncaught_errors()
+    _uncaught(TetherError("tau must be >= 1, got -3"))
+    assert printed == []
+    assert read_error_file(str(path))["message"] == "TetherError: tau must be >= 1, got -3"
+    _uncaught(ValueError("shapes (4,3) and (2,2) do not align"))  # a bug: its traceback helps
+    assert [str(e) for e in printed] == ["shapes (4,3) and (2,2) do not align"]
+    assert read_error_file(str(path))["message"].startswith("ValueError: shapes")
 
 
 def test_outside_an_agent_no_hook_is_installed(monkeypatch) -> None:

@@ -271,6 +271,17 @@ def set_launcher_method(method: str) -> None:
     os.environ["TETHER_METHOD"] = method
 
 
+def launcher_reports_errors() -> bool:
+    """Whether ``tether launch`` started this script (TETHER_LAUNCH_REPORTS): its report gives
+    each failed rank's error in one line."""
+    return os.environ.get("TETHER_LAUNCH_REPORTS") == "1"
+
+
+def set_launcher_reports_errors() -> None:
+    """Tell the scripts ``tether launch`` starts that it reports their errors."""
+    os.environ["TETHER_LAUNCH_REPORTS"] = "1"
+
+
 def pin_loopback_if_local(env: DistEnv) -> None:
     """A job whose every rank is on this machine and meets on a loopback address keeps gloo on
     loopback too, so nothing listens on an external interface (unless the user chose one)."""

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from tether.launch.env import elastic_error_file
+from tether.errors import TetherError
+from tether.launch.env import elastic_error_file, launcher_reports_errors
 from tether.observe.files import atomic_write_json
 
 _P = ParamSpec("_P")
@@ -56,7 +57,9 @@ def record_uncaught_errors() -> None:
     user's own script written to the agent's error file, as :func:`record_errors` does for
     Tether's workers: the launcher then reports the exception's first line for that rank
     instead of "exited with code 1". The hook before it still runs (the traceback is printed as
-    before). Nothing outside an agent."""
+    before), except for one of Tether's own errors (a TetherError: what was wrong and how to fix
+    it, in one line) under ``tether launch``, whose report prints that line once for every rank
+    that failed; a traceback per rank would bury it. Nothing outside an agent."""
     global _hooked
     if _hooked or elastic_error_file() is None:
         return
@@ -67,6 +70,8 @@ def record_uncaught_errors() -> None:
         if isinstance(exc, Exception):  # not a Ctrl-C: the launcher reports the interrupt
             with contextlib.suppress(Exception):  # never in the way of the traceback below
                 write_error_file(exc)
+                if isinstance(exc, TetherError) and launcher_reports_errors():
+                    return  # written: the launcher's report prints its line
         previous(kind, exc, tb)
 
     sys.excepthook = hook

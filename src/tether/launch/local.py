@@ -29,7 +29,11 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from tether.config import TrainConfig
 from tether.errors import WorkerFailure
 from tether.launch import loopback
-from tether.launch.env import prepare_local_environment, set_launcher_method
+from tether.launch.env import (
+    prepare_local_environment,
+    set_launcher_method,
+    set_launcher_reports_errors,
+)
 from tether.launch.exits import stopped
 from tether.launch.failure_report import describe_failures
 from tether.launch.lost import (
@@ -174,9 +178,11 @@ def launch_script(
     ``tether.init()`` in the script uses when it names none, and has ``servers`` server ranks
     (named so in a failure's report). A script's uncaught exception after ``tether.init``
     reaches the report in one line (its error file: see
-    :func:`tether.launch.error_file.record_uncaught_errors`)."""
+    :func:`tether.launch.error_file.record_uncaught_errors`); one of Tether's own one-line errors
+    is not printed by each rank as well."""
     if method is not None:
         set_launcher_method(method)
+    set_launcher_reports_errors()
     launch = local_launch_config(processes, "tether-launch")
     python = sys.executable
     marks = Path(tempfile.mkdtemp(prefix="tether-ranks-"))
