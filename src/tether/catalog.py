@@ -33,6 +33,7 @@ from tether.models import MODELS, build_model
 from tether.observe.tensorboard import require_tensorboard
 from tether.optim import OPTIMIZERS, SCHEDULES, NamedOptimizer, NamedSchedule, ScheduleSettings
 from tether.optim.builders import OptimizerSettings
+from tether.spelling import Spell, as_keyword
 from tether.training.objective import LOSSES
 from tether.training.task import Task
 from tether.words import counted
@@ -199,9 +200,9 @@ def gpu_free_ranks(method: str) -> int:
     return chosen.server_processes if getattr(chosen, "gpu_free_server", False) else 0
 
 
-def check_launch(config: TrainConfig) -> None:
+def check_launch(config: TrainConfig, spell: Spell = as_keyword) -> None:
     """What a local run needs beyond a valid config: the fault rank exists, the backend's
-    devices do (a one-line TetherError otherwise)."""
+    devices do (a one-line TetherError otherwise). ``spell``: how a warning names a setting."""
     from tether.launch.worker import resolve_backend
     from tether.training.model_parallel import check_model_parallel
 
@@ -219,7 +220,8 @@ def check_launch(config: TrainConfig) -> None:
     if config.method == "two-level-easgd" and config.ranks_per_node in (0, config.workers):
         warnings.warn(
             f"two-level-easgd with all {config.workers} workers on one node runs as sync-sgd "
-            "(no elastic rounds): --ranks-per-node G splits them into emulated nodes of G",
+            f"(no elastic rounds): set {spell('ranks_per_node')} to G to split them into "
+            "emulated nodes of G",
             OneNodeWarning,
             stacklevel=2,
         )

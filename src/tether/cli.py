@@ -19,7 +19,7 @@ from tether.batch_notes import batch_text
 from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
-from tether.train_options import add_train_options, config_from_args, given_values
+from tether.train_options import add_train_options, as_flag, config_from_args, given_values
 from tether.words import counted
 
 
@@ -49,12 +49,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     given = given_values(args)
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}", given)
-    warn_ignored(config, set(given))
+    warn_ignored(config, set(given), spell=as_flag)
     # Fail on missing or corrupt data here, in one line, before any worker starts; the user's
     # own components also get a dry run on two samples (a loss that returns a vector, a model
     # that does not fit the data).
     samples = check_data(config)
-    check_launch(config)
+    check_launch(config, spell=as_flag)
     check_stop_at_target(config)
     model = None
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         probe_task(task, model=model, target=config.target_spec, config=config)
         samples = len(task.train_data)  # type: ignore[arg-type]  # probe_task: map-style
     if samples is not None:
-        warn_long_warmup(config, samples)
+        warn_long_warmup(config, samples, spell=as_flag)
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
     check_run_dir(config, args.overwrite, model if config.resume else None)
     processes = config.workers + METHODS.get(config.method).server_processes

@@ -31,6 +31,7 @@ from tether.observe.compare import (
     write_comparison,
 )
 from tether.observe.plots import plot_comparison
+from tether.train_options import as_flag
 
 
 def parse_methods(text: str | None) -> list[str]:
@@ -132,7 +133,7 @@ def run_comparison(
     for method, method_config in own.items():
         if samples is not None:
             check_global_batch(method_config, samples)
-        check_launch(apply_overrides(method_config, {"method": method}))
+        check_launch(apply_overrides(method_config, {"method": method}), spell=as_flag)
     prepare_run_dir(config, overwrite)
     target_is_default = config.target_accuracy is None
     target = DEFAULT_TARGET if config.target_accuracy is None else config.target_accuracy

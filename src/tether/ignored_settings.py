@@ -14,6 +14,7 @@ from tether.errors import TetherError
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
 from tether.optim.schedules import warmup_length
+from tether.spelling import Spell, as_keyword
 from tether.training.build import steps_per_epoch, uses_momentum
 
 
@@ -55,11 +56,16 @@ def own_component_keys(config: TrainConfig, supplied: Iterable[str] = ()) -> set
 
 
 def ignored_settings(
-    config: TrainConfig, given: Iterable[str], supplied: Iterable[str] = ()
+    config: TrainConfig,
+    given: Iterable[str],
+    supplied: Iterable[str] = (),
+    spell: Spell = as_keyword,
 ) -> list[str]:
     """One message per setting in ``given`` (keys the user set) that the run will not use.
     ``supplied``: the components that are the user's own objects (``optimizer``,
-    ``lr_schedule``, ``loss``), which take none of the settings of the named ones."""
+    ``lr_schedule``, ``loss``), which take none of the settings of the named ones. ``spell``
+    names a setting to change as the reader writes it (a keyword, or a flag on the command
+    line)."""
     method = METHODS.get(config.method)
     messages = []
     optimizer_named = config.optimizer != "auto"
@@ -83,25 +89,28 @@ def ignored_settings(
                     else _MOMENTUM_HINT.get(config.method, "it does not use momentum")
                 )
                 messages.append(
-                    f"{config.method} ignores momentum: {why} (--optimizer sgd uses it)"
+                    f"{config.method} ignores momentum: {why} ({spell('optimizer', 'sgd')} uses it)"
                     if not optimizer_named
                     else f"momentum has no effect: {why}"
                 )
         elif key == "nesterov" and config.optimizer != "sgd":
-            messages.append("nesterov applies to --optimizer sgd only")
+            messages.append(f"nesterov applies to {spell('optimizer', 'sgd')} only")
         elif key in METHOD_SETTINGS and key not in method.settings:
             users = [n for n in METHODS if key in METHODS.get(n).settings]
             messages.append(f"{config.method} ignores {key} (it applies to {', '.join(users)})")
         elif key == "label_smoothing" and (config.loss != "cross-entropy" or "loss" in own):
             messages.append("label_smoothing applies to the named loss cross-entropy only")
         elif key in ("lr_decay_every", "lr_decay") and config.lr_schedule != "step":
-            messages.append(f"{key} applies to --lr-schedule step only")
+            messages.append(f"{key} applies to {spell('lr_schedule', 'step')} only")
         elif key == "lr_decay_power" and config.lr_schedule != "poly":
-            messages.append("lr_decay_power applies to --lr-schedule poly only")
+            messages.append(f"lr_decay_power applies to {spell('lr_schedule', 'poly')} only")
         elif key == "lars_eta" and config.optimizer != "lars":
-            messages.append("lars_eta applies to --optimizer lars only")
+            messages.append(f"lars_eta applies to {spell('optimizer', 'lars')} only")
         elif key == "trust_exclude" and config.optimizer not in ("lars", "lamb"):
-            messages.append("trust_exclude applies to --optimizer lars or lamb only")
+            messages.append(
+                f"trust_exclude applies to {spell('optimizer', 'lars')} or "
+                f"{spell('optimizer', 'lamb')} only"
+            )
         elif key == "parallel_plan" and config.model_parallel == 1:
             messages.append("parallel_plan applies with model_parallel > 1 only")
     rate_given = "lr" in set(given) or bool(config.resume)  # a resumed run's rate is its own
@@ -109,21 +118,28 @@ def ignored_settings(
         # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two
         # orders of magnitude off for LARS (eta scales it) and one for LAMB.
         messages.append(
-            f"--optimizer {config.optimizer} takes {config.method}'s default rate {config.scaled_lr:g}, "
-            f"tuned for SGD: give --lr (the large-batch benchmark's best were "
-            f"{RATE_OF_THEIR_OWN[config.optimizer]} at batches 4096-16384, docs/large_batch.md)"
+            f"{spell('optimizer', config.optimizer)} takes {config.method}'s default rate "
+            f"{config.scaled_lr:g}, tuned for SGD: give {spell('lr')} (the large-batch "
+            f"benchmark's best were {RATE_OF_THEIR_OWN[config.optimizer]} at batches 4096-16384, "
+            "docs/large_batch.md)"
         )
     return messages
 
 
 def warn_ignored(
-    config: TrainConfig, given: Iterable[str], stacklevel: int = 2, supplied: Iterable[str] = ()
+    config: TrainConfig,
+    given: Iterable[str],
+    stacklevel: int = 2,
+    supplied: Iterable[str] = (),
+    spell: Spell = as_keyword,
 ) -> None:
-    for message in ignored_settings(config, given, supplied):
+    for message in ignored_settings(config, given, supplied, spell):
         warnings.warn(message, IgnoredSettingWarning, stacklevel=stacklevel + 1)
 
 
-def long_warmup(config: TrainConfig, samples: int, supplied: Iterable[str] = ()) -> str | None:
+def long_warmup(
+    config: TrainConfig, samples: int, supplied: Iterable[str] = (), spell: Spell = as_keyword
+) -> str | None:
     """A message when the named schedule's warm-up is not shorter than the run of ``samples``
     training samples: the rate then rises for the whole run and never reaches ``lr`` (Goyal et
     al. 2017 warm up for 5 of 90 epochs). Only ``warmup_steps`` can do this: the part given in
@@ -140,13 +156,18 @@ def long_warmup(config: TrainConfig, samples: int, supplied: Iterable[str] = ())
         return None
     return (
         f"the warm-up ({warmup} steps) is not shorter than the run ({total} steps): the rate "
-        f"rises for the whole run and ends at {total / warmup:.0%} of lr; lower --warmup-steps"
+        f"rises for the whole run and ends at {total / warmup:.0%} of lr; lower "
+        f"{spell('warmup_steps')}"
     )
 
 
 def warn_long_warmup(
-    config: TrainConfig, samples: int, supplied: Iterable[str] = (), stacklevel: int = 2
+    config: TrainConfig,
+    samples: int,
+    supplied: Iterable[str] = (),
+    stacklevel: int = 2,
+    spell: Spell = as_keyword,
 ) -> None:
-    message = long_warmup(config, samples, supplied)
+    message = long_warmup(config, samples, supplied, spell)
     if message:
         warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.spelling import as_dashed
 
 if TYPE_CHECKING:  # the perf model is imported where it is used
     from tether.perf.profile import HardwareProfile
@@ -109,7 +110,7 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
                 allreduce=args.allreduce,
                 ranks_per_node=args.ranks_per_node,
                 threads_per_worker=args.threads_per_worker,
-            ).check(prefix="--")
+            ).check(spell=as_dashed)
     warn_tau_unused(args.tau, methods)  # after the checks: a refused --tau is only refused
 
 
@@ -122,7 +123,7 @@ def check_one_node(
 
     for method in methods:
         setup = Setup(method, max(workers), ranks_per_node=ranks_per_node or 0)
-        setup.check_one_node(profile.name, profile.ranks_per_node, prefix="--")
+        setup.check_one_node(profile.name, profile.ranks_per_node, spell=as_dashed)
 
 
 def warn_tau_unused(tau: int | None, methods: list[str]) -> None:

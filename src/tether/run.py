@@ -24,7 +24,7 @@ from tether.methods.own_failure import leave_if_tolerated
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
 from tether.runner import run_worker
-from tether.train_options import add_train_options, config_from_args, given_values
+from tether.train_options import add_train_options, as_flag, config_from_args, given_values
 
 # What torchrun (and srun running it) sets for every worker; the process group needs them all.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -42,7 +42,7 @@ def worker_config(args: argparse.Namespace, env: DistEnv) -> TrainConfig:
         world_size=env.world_size,
     )
     if env.rank == 0:
-        warn_ignored(config, set(given) - {"workers"})
+        warn_ignored(config, set(given) - {"workers"}, spell=as_flag)
         asked = given.get("workers")
         if asked is not None and asked != config.workers:
             warnings.warn(

@@ -153,6 +153,16 @@ FLAG_OPTIONS: list[tuple[str, str, str, str]] = [
     ),
 ]
 FLAG_KEYS = tuple(key for _, key, _, _ in FLAG_OPTIONS)
+_FLAG_OF = {key: flag for flag, key, *_ in (*TRAIN_OPTIONS, *FLAG_OPTIONS)}
+
+
+def as_flag(key: str, value: object = None) -> str:
+    """The command line's spelling of a setting (:class:`tether.spelling.Spell`):
+    ``--lr-schedule step``, or ``--set lars_eta=0.002`` for a key with no flag of its own."""
+    flag = _FLAG_OF.get(key)  # not always the key dashed: --timeout, --metric, --no-progress
+    if flag is None:
+        return f"--set {key}" if value is None else f"--set {key}={value}"
+    return flag if value is None else f"{flag} {value}"
 
 
 def add_train_options(

@@ -20,6 +20,7 @@ from tether.ignored_settings import IgnoredSettingWarning, ignored_settings, lon
 from tether.methods import METHODS
 from tether.methods.default_rates import damped_step, describe_rate
 from tether.targets import Target, parse_target, target_text
+from tether.train_options import as_flag
 
 
 def test_defaults_validate_and_round_trip_through_toml() -> None:
@@ -122,8 +123,9 @@ def test_a_warm_up_as_long_as_the_run_is_named() -> None:
     too_long = dataclasses.replace(config, warmup_steps=50)
     assert long_warmup(too_long, 1000) == (
         "the warm-up (50 steps) is not shorter than the run (50 steps): the rate rises for the "
-        "whole run and ends at 100% of lr; lower --warmup-steps"
-    )
+        "whole run and ends at 100% of lr; lower warmup_steps"
+    )  # as tether.fit takes it; on the command line, the flag
+    assert str(long_warmup(too_long, 1000, spell=as_flag)).endswith("lower --warmup-steps")
     # the part in epochs counts, cut to a quarter of the run as the schedule cuts it
     both = dataclasses.replace(config, warmup_steps=40, warmup_epochs=5.0)
     assert "the warm-up (52 steps)" in str(long_warmup(both, 1000))
@@ -145,15 +147,19 @@ def test_settings_a_method_ignores_are_named() -> None:
     lars = TrainConfig(method="sync-sgd", optimizer="lars")
     assert ignored_settings(lars, {"momentum", "lr", "trust_exclude"}) == []
     (exclusion,) = ignored_settings(TrainConfig(optimizer="sgd"), {"trust_exclude"})
-    assert exclusion == "trust_exclude applies to --optimizer lars or lamb only"
+    assert exclusion == "trust_exclude applies to optimizer='lars' or optimizer='lamb' only"
+    (exclusion,) = ignored_settings(TrainConfig(optimizer="sgd"), {"trust_exclude"}, spell=as_flag)
+    assert exclusion == "trust_exclude applies to --optimizer lars or --optimizer lamb only"
     # ...but without a rate of its own it would take sync-sgd's SGD default, said in one line
     (rate,) = ignored_settings(lars, {"momentum"})
+    assert rate.startswith("optimizer='lars' takes sync-sgd's default rate") and "give lr " in rate
+    (rate,) = ignored_settings(lars, {"momentum"}, spell=as_flag)
     assert rate.startswith("--optimizer lars takes sync-sgd's default rate") and "--lr" in rate
     (rate,) = ignored_settings(TrainConfig(method="sync-easgd", optimizer="lamb"), set())
     # a resumed run's rate comes from its saved config: the user's own, not a default
     resumed = TrainConfig(method="sync-sgd", optimizer="lars", lr=16.0, resume=True)
     assert ignored_settings(resumed, {"momentum"}) == []
-    assert "--optimizer lamb takes sync-easgd's default rate" in rate
+    assert "optimizer='lamb' takes sync-easgd's default rate" in rate
     # the rate quoted is the one the run takes (scaled with the batch), not the reference rate
     two = catalog_resolve(overrides={"method": "sync-easgd", "optimizer": "lars", "workers": 2})
     assert two.scaled_lr != two.lr

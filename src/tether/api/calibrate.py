@@ -34,6 +34,7 @@ from tether.catalog import OversubscribedWarning
 from tether.errors import TetherError
 from tether.perf.profile import HardwareProfile
 from tether.perf.workload import Workload
+from tether.spelling import as_keyword
 
 # the first steps of a run warm up (allocations, the first collectives): timed from this step on
 WARM_STEPS = 10
@@ -204,7 +205,7 @@ def calibrate(
     options_checked = CalibrationOptions(
         workers, threads_per_worker, loop_runs, timeout, max(1, min(ONE_NODE, most))
     )
-    options_checked.check(loop_steps, repeats, prefix="")
+    options_checked.check(loop_steps, repeats, spell=as_keyword)
     if isinstance(model, str) or isinstance(train_data, str):
         raise TetherError(
             "calibrate takes your model and data set as objects; for a built-in one by name use "

@@ -40,6 +40,7 @@ from tether.errors import TetherError, first_line
 from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
 from tether.perf.workload import Workload
+from tether.spelling import Spell, as_dashed
 
 LINK_SIZES = ("4KB", "64KB", "256KB", "1MB", "4MB", "16MB")  # KB, MB: powers of 1024
 ONE_NODE = 64  # local ranks: every worker of a local run shares this node
@@ -256,9 +257,9 @@ class CalibrationOptions:
     timeout: float = 120.0
     most_workers: int = ONE_NODE
 
-    def check(self, loop_steps: int, repeats: int, prefix: str = "--") -> None:
-        """One-line errors for what would fail at the end of minutes of timing; ``prefix``
-        names the options as the caller spells them (``--loop-runs`` or ``loop_runs``)."""
+    def check(self, loop_steps: int, repeats: int, spell: Spell = as_dashed) -> None:
+        """One-line errors for what would fail at the end of minutes of timing; ``spell``
+        names the options as the caller writes them (``--loop-runs`` or ``loop_runs``)."""
         for option, value, least in (
             ("workers", self.workers, 2),
             ("threads_per_worker", self.threads_per_worker, 1),
@@ -267,11 +268,11 @@ class CalibrationOptions:
             ("loop_runs", self.loop_runs, 1),
         ):
             if value < least:
-                spelled = prefix + (option.replace("_", "-") if prefix == "--" else option)
-                raise TetherError(f"{spelled} must be at least {least}, got {value}")
+                raise TetherError(f"{spell(option)} must be at least {least}, got {value}")
         if not self.timeout > 0:
-            spelled = prefix + "timeout"
-            raise TetherError(f"{spelled} must be a positive number of seconds, got {self.timeout}")
+            raise TetherError(
+                f"{spell('timeout')} must be a positive number of seconds, got {self.timeout}"
+            )
 
 
 def busy_node_workers(options: CalibrationOptions) -> int:

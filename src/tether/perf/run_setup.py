@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tether.errors import TetherError
 from tether.perf.checks import is_finite_number, is_whole
 from tether.perf.collective_cost import ALL_REDUCE_ALGORITHMS
+from tether.spelling import Spell, as_keyword
 
 COLLECTIVE_METHODS = ("sync-sgd", "sync-easgd", "local-sgd", "two-level-easgd")
 SERVER_METHODS = (
@@ -53,9 +54,9 @@ class Setup:
     ranks_per_node: int = 0  # 0: the profile's
     threads_per_worker: int = 1
 
-    def check(self, prefix: str = "") -> Setup:
-        """A one-line TetherError for a setting no run could take; ``prefix`` names the settings
-        as the caller spells them (``--bucket-mb`` on the command line, ``bucket_mb`` in
+    def check(self, spell: Spell = as_keyword) -> Setup:
+        """A one-line TetherError for a setting no run could take; ``spell`` names the settings
+        as the caller writes them (``--bucket-mb`` on the command line, ``bucket_mb`` in
         Python). Returns the setup, checked."""
 
         if self.method not in PREDICTED_METHODS:
@@ -65,15 +66,13 @@ class Setup:
         for name, least, meaning in _COUNTS:
             value = getattr(self, name)
             if not is_whole(value):
-                raise TetherError(f"{_spelled(name, prefix)} must be a whole number, got {value!r}")
+                raise TetherError(f"{spell(name)} must be a whole number, got {value!r}")
             if value < least:
-                raise TetherError(
-                    f"{_spelled(name, prefix)} must be >= {least}{meaning}, got {value}"
-                )
+                raise TetherError(f"{spell(name)} must be >= {least}{meaning}, got {value}")
         mb = self.bucket_mb
         if not (is_finite_number(mb) and mb >= 0):
             raise TetherError(
-                f"{_spelled('bucket_mb', prefix)} must be >= 0 and finite (MiB; 0: one message per "
+                f"{spell('bucket_mb')} must be >= 0 and finite (MiB; 0: one message per "
                 f"tensor), got {mb!r}"
             )
         if self.allreduce not in PRICED_ALL_REDUCES:
@@ -83,24 +82,17 @@ class Setup:
         return self
 
     def check_one_node(
-        self, profile_name: str, profile_ranks_per_node: int, prefix: str = ""
+        self, profile_name: str, profile_ranks_per_node: int, spell: Spell = as_keyword
     ) -> None:
         """A method held to one node's memory (hogwild-sgd) at more workers than the node has
         ranks: a one-line TetherError, the settings spelled as in :meth:`check`."""
         limit = one_node_limit(self.method, profile_ranks_per_node, self.ranks_per_node)
         if limit is not None and self.workers > limit:
-            workers = _spelled("workers", prefix) + (" " if prefix == "--" else "=")
             raise TetherError(
                 f"{self.method} shares its weights in one node's memory: at most {limit} workers "
-                f"on {profile_name} ({limit} ranks per node, {_spelled('ranks_per_node', prefix)}"
-                f"), got {workers}{self.workers}; across nodes, async-sgd or hogwild-easgd"
+                f"on {profile_name} ({limit} ranks per node, {spell('ranks_per_node')}), got "
+                f"{spell('workers', self.workers)}; across nodes, async-sgd or hogwild-easgd"
             )
-
-
-def _spelled(name: str, prefix: str) -> str:
-    """A setting as its caller spells it: ``--bucket-mb`` on the command line (prefix ``--``),
-    ``bucket_mb`` in Python."""
-    return prefix + (name.replace("_", "-") if prefix == "--" else name)
 
 
 def one_node_limit(method: str, profile_ranks_per_node: int, ranks_per_node: int = 0) -> int | None:

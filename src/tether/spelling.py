@@ -1,0 +1,26 @@
+"""How a message names a setting for the one who reads it: ``tether.fit`` and ``tether.init``
+take keywords (``lr_schedule="step"``), the command line takes flags (``--lr-schedule step``:
+:func:`as_dashed`, or :func:`tether.train_options.as_flag` for ``tether train``'s options, whose
+flags are not all the key dashed and some of which have none of their own). An error or warning that tells the user what to set says it in
+their own words: a flag means nothing to a notebook."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Spell(Protocol):
+    """Names config key ``key`` (set to ``value``, where given) as the reader would write it."""
+
+    def __call__(self, key: str, value: object = None) -> str: ...
+
+
+def as_keyword(key: str, value: object = None) -> str:
+    """The Python API's spelling: ``lr``, ``optimizer='sgd'``."""
+    return key if value is None else f"{key}={value!r}"
+
+
+def as_dashed(key: str, value: object = None) -> str:
+    """A command line's spelling where every setting has its own flag: ``--bucket-mb 4``."""
+    flag = "--" + key.replace("_", "-")
+    return flag if value is None else f"{flag} {value}"
