@@ -33,7 +33,7 @@ from tether.models import MODELS, build_model
 from tether.observe.tensorboard import require_tensorboard
 from tether.optim import OPTIMIZERS, SCHEDULES, NamedOptimizer, NamedSchedule, ScheduleSettings
 from tether.optim.builders import OptimizerSettings
-from tether.spelling import Spell, as_keyword
+from tether.spelling import Spell, as_keyword, both_ways
 from tether.training.objective import LOSSES
 from tether.training.task import Task
 from tether.words import counted
@@ -100,12 +100,14 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
     if config.accumulate > 1 and own_step and lookahead:
         raise TetherError(
             f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
-            "so it cannot accumulate gradients: use accumulate=1, or --optimizer sgd"
+            f"so it cannot accumulate gradients: use {both_ways(accumulate=1)}, or "
+            f"{both_ways(optimizer='sgd')}"
         )
     if config.precision == "fp16" and own_step and lookahead:
         raise TetherError(
             f"{config.method}'s look-ahead Nesterov step takes its gradient inside the step, "
-            "where fp16's loss scale cannot be checked: use --precision bf16, or --optimizer sgd"
+            f"where fp16's loss scale cannot be checked: use {both_ways(precision='bf16')}, or "
+            f"{both_ways(optimizer='sgd')}"
         )
 
 

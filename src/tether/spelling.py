@@ -24,3 +24,12 @@ def as_dashed(key: str, value: object = None) -> str:
     """A command line's spelling where every setting has its own flag: ``--bucket-mb 4``."""
     flag = "--" + key.replace("_", "-")
     return flag if value is None else f"{flag} {value}"
+
+
+def both_ways(**settings: object) -> str:
+    """Settings to give, in a message either the command line or Python may have led to (a
+    check in a worker knows no caller): ``--workers 4 --batch-size 64 (workers=4,
+    batch_size=64 in Python)``."""
+    flags = " ".join(as_dashed(key, value) for key, value in settings.items())
+    words = ", ".join(as_keyword(key, value) for key, value in settings.items())
+    return f"{flags} ({words} in Python)"

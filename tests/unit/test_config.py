@@ -90,7 +90,8 @@ def test_validation_messages(change: dict, message: str) -> None:
         (
             {"method": "async-measgd", "precision": "fp16"},
             "^async-measgd's look-ahead Nesterov step .* fp16's loss scale cannot be checked: "
-            "use --precision bf16, or --optimizer sgd$",
+            "use --precision bf16 \\(precision='bf16' in Python\\), or --optimizer sgd "
+            "\\(optimizer='sgd' in Python\\)$",
         ),
     ],
 )

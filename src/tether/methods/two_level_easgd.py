@@ -59,7 +59,7 @@ def node_size(context: MethodContext) -> int:
     if size < 1 or world % size:
         raise TetherError(
             f"two-level-easgd needs whole nodes: {world} ranks do not split into nodes of "
-            f"{size}; set --ranks-per-node to a divisor of {world}"
+            f"{size}; set --ranks-per-node (ranks_per_node in Python) to a divisor of {world}"
         )
     return size
 

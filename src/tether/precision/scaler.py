@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from tether.config import TrainConfig
+from tether.spelling import both_ways
 
 # Overflows in a row, the last with the loss scale below 1 (it no longer magnifies the loss),
 # that say the values themselves do not fit fp16: warned once (from the default 2**16, the 17th
@@ -114,8 +115,8 @@ class LossScaler:
             f"tether: warning: {who}fp16: the last {self.in_a_row} steps overflowed (inf or NaN "
             f"gradients) and were skipped, the loss scale down to {self.scale:g} from "
             f"{self.settings.init_scale:g}: the forward or backward pass makes values fp16 cannot "
-            "hold and the model is not training; use bf16 (--precision bf16), or a lower "
-            "learning rate if the weights diverged",
+            f"hold and the model is not training; use bf16, {both_ways(precision='bf16')}, "
+            "or a lower learning rate if the weights diverged",
             file=sys.stderr,
             flush=True,
         )

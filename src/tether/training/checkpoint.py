@@ -60,7 +60,8 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     path = run_dir / CHECKPOINT_NAME
     if not path.exists():
         raise TetherError(
-            f"no checkpoint in {run_dir}: resume needs a run started with --checkpoint-every N"
+            f"no checkpoint in {run_dir}: resume needs a run started with --checkpoint-every N "
+            "(checkpoint_every=N in Python)"
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -22,6 +22,7 @@ from torch import nn
 from tether.comm.header import MAX_STEP
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.spelling import both_ways
 from tether.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR
 
 # What a run (or a comparison) writes; --overwrite removes these and nothing else.
@@ -128,8 +129,8 @@ def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) ->
     if grid != config.model_parallel or (grid > 1 and state.get("workers") != config.workers):
         raise TetherError(
             f"cannot resume: {path} is a run of {state.get('workers')} workers in model groups "
-            f"of {grid}; each rank resumes from its own slices, so resume with --workers "
-            f"{state.get('workers')} --model-parallel {grid}"
+            f"of {grid}; each rank resumes from its own slices, so resume with "
+            f"{both_ways(workers=state.get('workers'), model_parallel=grid)}"
         )
     workers, batch = state.get("workers"), state.get("batch_size")
     if config.method not in SAME_GLOBAL_BATCH or workers is None or batch is None:
@@ -139,7 +140,7 @@ def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) ->
             f"cannot resume: {path} is a {config.method} run of {workers} workers x batch "
             f"{batch}; {config.workers} x {config.batch_size} would change its global batch "
             f"({workers * batch} -> {config.workers * config.batch_size}) and data order: "
-            f"resume with --workers {workers} --batch-size {batch}"
+            f"resume with {both_ways(workers=workers, batch_size=batch)}"
         )
 
 
