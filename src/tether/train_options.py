@@ -61,8 +61,10 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         "--ranks-per-node",
         "ranks_per_node",
         int,
-        "ranks per node for 'hierarchical' and two-level-easgd (0: the launcher's); fewer "
-        "than the workers emulates nodes on one machine",
+        "ranks per node (0: the launcher's): the nodes of --allreduce hierarchical and of "
+        "auto's choice, of two-level-easgd, of lr_batch node's batch, and the node a model "
+        "group stays on (a multiple of --model-parallel); fewer than the workers emulates "
+        "nodes on one machine",
     ),
     (
         "--threads-per-worker",
