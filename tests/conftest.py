@@ -3,6 +3,7 @@ what a run's processes do, read from /proc (which of them live on, where they li
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -45,6 +47,21 @@ requires_fashion_mnist = pytest.mark.skipif(
     not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists(),
     reason="Fashion-MNIST not installed (make data / apt-get install dataset-fashion-mnist)",
 )
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` as a module (a script, not a package: it imports its sibling
+    ``_common`` from its own directory)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(folder))
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -4,31 +4,20 @@ many runs each made (a lent GPU machine is an H100 one session and an H200 the n
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_benchmark
+
 H100 = {"cpu": "Xeon", "cores": "16", "gpu": "1 x NVIDIA H100", "torch": "2.11"}
 H200 = {"cpu": "Xeon", "cores": "16", "gpu": "1 x NVIDIA H200", "torch": "2.11"}
 
 
 def bench_large_batch() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling _common
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_large_batch", ROOT / "benchmarks/bench_large_batch.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load_benchmark("bench_large_batch")
 
 
 def test_one_machine_is_its_own_label() -> None:

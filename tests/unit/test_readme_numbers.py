@@ -3,27 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench_readme() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling _common
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_readme", ROOT / "benchmarks/bench_readme.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load_benchmark("bench_readme")
 
 
 def test_the_readme_blocks_are_rendered_from_their_result_files() -> None:
