@@ -273,6 +273,15 @@ def loss_function(config: TrainConfig) -> Callable[..., torch.Tensor]:
     return loss
 
 
+def loss_named(loss: Callable[..., torch.Tensor] | str, label_smoothing: float = 0.0) -> Any:
+    """A loss as ``tether.fit`` takes it: a callable, or a name (``"mse"``) or import path,
+    which is resolved here (for the functions that call the loss themselves)."""
+    if not isinstance(loss, str):
+        return loss
+    named = dataclasses.replace(TrainConfig(), loss=loss, label_smoothing=label_smoothing)
+    return loss_function(named.validate())
+
+
 def metric_functions(config: TrainConfig) -> dict[str, Callable[..., float]] | None:
     """None when no metric is named (the defaults: loss, plus accuracy for classifiers)."""
     return named_metrics(config.metrics) if config.metrics else None

@@ -9,28 +9,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tether.config import TrainConfig
 from tether.errors import TetherError
-from tether.spelling import as_dashed
+from tether.spelling import Spell, as_dashed
 
 if TYPE_CHECKING:  # the perf model is imported where it is used
     from tether.perf.profile import HardwareProfile
 
 
-def check_out_file(out: Path) -> None:
+def check_out_file(out: Path, spell: Spell = as_dashed) -> None:
     """``--out`` names a file this command writes at its end: not a directory, and in a
-    directory that exists or can be made, and is writable. Nothing is created here, so that a
-    refusal or a failed measurement leaves no empty directories behind."""
+    directory that exists or can be made, and is writable. Nothing is left behind here, so
+    that a refusal or a failed measurement leaves no empty directories. ``spell``: how the
+    messages name the setting (``--out``, or ``out`` for ``tether.calibrate``)."""
     if out.is_dir():
         raise TetherError(
-            f"--out {out} is a directory: name the file to write (e.g. --out {out / 'profile.json'})"
+            f"{spell('out', out)} is a directory: name the file to write (e.g. "
+            f"{spell('out', out / 'profile.json')})"
         )
-    _check_writable_below(out.parent, out)
+    _check_writable_below(out.parent, spell("out", out))
 
 
 def check_out_dir(out: Path) -> None:
@@ -38,19 +40,23 @@ def check_out_dir(out: Path) -> None:
     that exists or can be made, and is writable."""
     if out.exists() and not out.is_dir():
         raise TetherError(f"--out {out} is a file, not a directory: choose another --out")
-    _check_writable_below(out, out)
+    _check_writable_below(out, as_dashed("out", out))
 
 
-def _check_writable_below(directory: Path, out: Path) -> None:
+def _check_writable_below(directory: Path, named: str) -> None:
     existing = directory
     while not existing.exists():  # "." and "/" exist: the walk ends
         existing = existing.parent
     if not existing.is_dir():
+        raise TetherError(f"{named} cannot be made: {existing} is a file, not a directory")
+    try:  # what the write at the end will do (os.access says yes to root, even in /proc)
+        with tempfile.TemporaryDirectory(dir=existing):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
         raise TetherError(
-            f"--out {out} cannot be made: {existing} is a file, not a directory; choose another --out"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise TetherError(f"--out {out} cannot be written: {existing} is not writable")
+            f"{named} cannot be written: nothing can be made in {existing} ({reason})"
+        ) from None
 
 
 def calibration_workers(config: TrainConfig, workers: int) -> int:

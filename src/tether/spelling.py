@@ -6,6 +6,7 @@ their own words: a flag means nothing to a notebook."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Protocol
 
 
@@ -16,7 +17,10 @@ class Spell(Protocol):
 
 
 def as_keyword(key: str, value: object = None) -> str:
-    """The Python API's spelling: ``lr``, ``optimizer='sgd'``."""
+    """The Python API's spelling: ``lr``, ``optimizer='sgd'``, ``out='runs/a'`` (a path as
+    the string one would write)."""
+    if isinstance(value, PurePath):
+        value = str(value)
     return key if value is None else f"{key}={value!r}"
 
 

@@ -86,7 +86,8 @@ def test_calibrate_from_python_gives_a_profile_that_predicts_the_users_model(
     # a module (not a factory) is timed on a copy: the caller's weights stay as they were
     net = small_net()
     before = [p.detach().clone() for p in net.parameters()]
-    tether.calibrate(net, small_data(), F.cross_entropy, loop_runs=1, repeats=2, progress=False)
+    # and the loss by name, as tether.fit takes it (it was called as a function: a TypeError)
+    tether.calibrate(net, small_data(), "cross-entropy", loop_runs=1, repeats=2, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
 
 
@@ -111,6 +112,10 @@ def test_calibrate_from_python_gives_a_profile_that_predicts_the_users_model(
             "a batch of train_data is a dict",
         ),
         ({"model": 3}, "model must be a torch.nn.Module or a function returning one, not int"),
+        # the file is written at the end: a path that cannot be was an OSError after minutes
+        ({"out": "/proc/nope/p.json"}, "out='/proc/nope/p.json' cannot be written"),
+        ({"model_parallel": 2}, "does not cover model parallelism"),  # "must divide the 1 workers"
+        ({"loss": "msee"}, "unknown loss 'msee'"),  # a name, as tether.fit takes it
     ],
 )
 def test_bad_input_is_one_line_before_any_timing(

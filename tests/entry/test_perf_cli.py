@@ -288,6 +288,9 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(
     assert f"--out {tmp_path} is a directory" in line and "profile.json" in line
     line = _error_line(capsys, [*calibrate, str(a_file / "sub" / "profile.json")])
     assert f"{a_file} is a file, not a directory" in line
+    # where nothing can be made, even as root (a traceback after the whole calibration)
+    line = _error_line(capsys, [*calibrate, "/proc/nope/profile.json"])
+    assert "--out /proc/nope/profile.json cannot be written: nothing can be made in /proc" in line
     for command in ("simulate", "predict"):
         line = _error_line(capsys, [command, "--out", str(a_file)])
         assert f"--out {a_file} is a file, not a directory" in line

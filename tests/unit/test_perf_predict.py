@@ -322,6 +322,15 @@ def test_a_timing_that_fails_names_what_does_not_fit() -> None:
         r"\[4, 3\]\) and the data's targets \(shape \[4, 5\]\)\?",
     ):
         time_model(net, torch.randn(4, 30), torch.randn(4, 5), F.mse_loss, repeats=1)
+    # a classifier given a regression loss by name (as tether.fit takes it): the hint names
+    # the loss the targets want, not the one given (it said "--loss mse" to a user of mse)
+    with pytest.raises(TetherError, match=r"class-index targets take a classification loss"):
+        time_model(net, torch.randn(4, 30), torch.zeros(4, dtype=torch.long), "mse", repeats=1)
+    regression = time_model(nn.Linear(30, 1), torch.randn(4, 30), torch.randn(4), "mse", repeats=1)
+    assert regression.batch_size == 4
+    # a batch of none made a workload of batch 0, which predicted 0 samples/s without a word
+    with pytest.raises(TetherError, match=r"^inputs hold no sample"):
+        time_model(net, torch.randn(0, 30), torch.zeros(0, dtype=torch.long), F.cross_entropy)
 
 
 def test_a_measured_server_wire_prices_the_server_messages() -> None:

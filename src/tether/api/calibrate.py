@@ -30,10 +30,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from tether.bench.compute_samples import LoopTimes, loop_times_from_metrics
 from tether.bench.exchange_load import ExchangeSamples
-from tether.catalog import OversubscribedWarning
+from tether.catalog import OversubscribedWarning, loss_named
 from tether.errors import TetherError
 from tether.perf.profile import HardwareProfile
 from tether.perf.workload import Workload
+from tether.perf_inputs import check_out_file
 from tether.spelling import as_keyword
 
 # the first steps of a run warm up (allocations, the first collectives): timed from this step on
@@ -162,7 +163,7 @@ def model_name(model: Any, net: nn.Module) -> str:
 def calibrate(
     model: nn.Module | Callable[[], nn.Module],
     train_data: Dataset,
-    loss: Callable[..., torch.Tensor],
+    loss: Callable[..., torch.Tensor] | str,
     optimizer: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | None = None,
     *,
     batch_size: int = 64,
@@ -216,10 +217,16 @@ def calibrate(
             f"model must be a torch.nn.Module or a function returning one, not "
             f"{type(model).__name__}"
         )
-    if takes_model_and_batch(loss):
+    timed_loss = loss_named(loss, options.get("label_smoothing", 0.0))  # "mse", as fit takes it
+    if takes_model_and_batch(timed_loss):
         raise TetherError(
             "calibrate times the layers on an (inputs, targets) batch: give a loss of the form "
             "loss(outputs, targets)"
+        )
+    if "model_parallel" in options or "parallel_plan" in options:  # as `tether calibrate`
+        raise TetherError(
+            "calibrate times data-parallel runs, and the performance model does not cover model "
+            "parallelism: leave model_parallel and parallel_plan out"
         )
     fixed = sorted(set(options) & RUN_KEYS)
     if fixed:
@@ -227,6 +234,9 @@ def calibrate(
             f"calibrate sets {', '.join(fixed)} of its timed runs itself: leave "
             f"{'it' if len(fixed) == 1 else 'them'} out"
         )
+    path = Path(out) if out is not None else None
+    if path is not None:  # the file is written at the end of minutes of timing
+        check_out_file(path, spell=as_keyword)
     profile_name = name or "this-machine-calibrated"
     inputs, targets = first_batch(train_data, batch_size, collate_fn)
     fit_arguments: dict[str, Any] = dict(
@@ -252,7 +262,7 @@ def calibrate(
         opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.01, momentum=0.9)
         what = model_name(model, net)
         return time_model(
-            net, inputs, targets, loss, opt, what, profile_name, threads_per_worker, repeats
+            net, inputs, targets, timed_loss, opt, what, profile_name, threads_per_worker, repeats
         )
 
     def say(line: str) -> None:
@@ -267,7 +277,6 @@ def calibrate(
         options_checked,
         say,
     )
-    path = Path(out) if out is not None else None
     if path is not None:
         write_calibration(path, calibration.profile, calibration.workload, calibration.extra())
         say(f"wrote {path} (tether predict --profile {path})")

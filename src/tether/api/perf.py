@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tether.catalog import method_defaults
+from tether.catalog import loss_named, method_defaults
 from tether.errors import TetherError
 from tether.perf.checks import is_whole
 from tether.perf.predict import Prediction, Setup
@@ -43,7 +43,7 @@ def time_model(
     model: nn.Module,
     inputs: Any,
     targets: Any,
-    loss: Callable[..., torch.Tensor],
+    loss: Callable[..., torch.Tensor] | str,
     optimizer: torch.optim.Optimizer | None = None,
     *,
     name: str | None = None,
@@ -60,6 +60,7 @@ def time_model(
     your training loop adds per step beyond the model's step (loading the batch, logging), if
     you know it (``tether calibrate`` measures it by running the trainer)."""
     from tether.bench.calibrate import time_model as timed
+    from tether.bench.workload import batch_size_of
 
     if not isinstance(model, nn.Module):
         raise TetherError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -68,6 +69,8 @@ def time_model(
             f"model ({type(model).__name__}) has no trainable parameters: a training step of "
             "it updates nothing and sends nothing"
         )
+    if batch_size_of(inputs) < 1:  # a workload of batch 0 would predict 0 samples/s
+        raise TetherError("inputs hold no sample: time a batch of at least one")
     threads = _count("threads", threads, 1)
     repeats = _count("repeats", repeats, 1)  # the median of no timed step is no time
     opt = optimizer or torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -75,7 +78,7 @@ def time_model(
         model,
         inputs,
         targets,
-        loss,
+        loss_named(loss),  # "mse", as tether.fit takes it
         opt,
         name or type(model).__name__,
         profile_name,

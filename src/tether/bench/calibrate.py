@@ -203,10 +203,16 @@ def _what_does_not_fit(
     try:
         loss(outputs, targets)
     except Exception as failed:
+        classes = isinstance(targets, torch.Tensor) and not targets.is_floating_point()
+        hint = (
+            "class-index targets take a classification loss: --loss cross-entropy, "
+            "loss='cross-entropy'"
+            if classes
+            else "a regression takes a regression loss: --loss mse, loss='mse'"
+        )
         return (
             f"{first_line(failed)} (does the loss fit the model's outputs ({_shapes(outputs)}) "
-            f"and the data's targets ({_shapes(targets)})? a regression takes a regression "
-            "loss: --loss mse, loss=torch.nn.MSELoss())"
+            f"and the data's targets ({_shapes(targets)})? {hint})"
         )
     return first_line(exc)
 
