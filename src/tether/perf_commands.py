@@ -16,6 +16,13 @@ from typing import Any
 
 from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
+from tether.perf.run_setup import (
+    SIMULATED_MESSAGE_S,
+    SIMULATED_ROUNDS,
+    SIMULATED_SERVICE_S,
+    SIMULATED_STEP_S,
+)
+from tether.spelling import as_dashed
 
 MAX_SCALING_WORKERS = 4096
 
@@ -254,12 +261,12 @@ def size_text(n_bytes: float) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from tether.api.perf import method_tau, simulate
+    from tether.api.perf import method_tau, simulate, warn_tau_unused
     from tether.observe.files import atomic_write_json
     from tether.observe.perf_plots import plot_staleness
 
     perf_inputs.check_simulate_options(args)
-    perf_inputs.warn_tau_unused(args.tau, [args.method])
+    warn_tau_unused(args.tau, [args.method], spell=as_dashed)
     out = Path(args.out) if args.out else Path("runs") / f"simulate-{_stamp()}"
     perf_inputs.check_out_dir(out)
     result = simulate(
@@ -358,11 +365,26 @@ def add_perf_parsers(sub: Any) -> None:
         "--method", default="async-sgd", help="a server or Hogwild method (default async-sgd)"
     )
     simulate.add_argument("--workers", type=int, default=64, help="simulated workers (64)")
-    simulate.add_argument("--rounds", type=int, default=1000, help="exchanges per worker (1000)")
-    simulate.add_argument("--step-ms", type=float, default=10.0, help="mean local step, ms (10)")
-    simulate.add_argument("--message-ms", type=float, default=0.5, help="one message, ms (0.5)")
+    rounds, step_ms, message_ms, service_ms = (
+        SIMULATED_ROUNDS,
+        SIMULATED_STEP_S * 1e3,
+        SIMULATED_MESSAGE_S * 1e3,
+        SIMULATED_SERVICE_S * 1e3,
+    )  # tether.simulate's defaults, in ms
     simulate.add_argument(
-        "--service-ms", type=float, default=0.1, help="the server's work per exchange, ms (0.1)"
+        "--rounds", type=int, default=rounds, help=f"exchanges per worker ({rounds})"
+    )
+    simulate.add_argument(
+        "--step-ms", type=float, default=step_ms, help=f"mean local step, ms ({step_ms:g})"
+    )
+    simulate.add_argument(
+        "--message-ms", type=float, default=message_ms, help=f"one message, ms ({message_ms:g})"
+    )
+    simulate.add_argument(
+        "--service-ms",
+        type=float,
+        default=service_ms,
+        help=f"the server's work per exchange, ms ({service_ms:g})",
     )
     simulate.add_argument("--tau", type=int, help="local steps per exchange (method's default)")
     simulate.add_argument(

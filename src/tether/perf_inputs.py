@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import math
 import tempfile
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,7 +99,7 @@ def predicted_methods(text: str) -> list[str]:
 def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None:
     """``tether predict``'s communication settings, as each method and worker count would take
     them, before a model is built or timed; the errors name the options (``--bucket-mb``)."""
-    from tether.api.perf import method_tau
+    from tether.api.perf import method_tau, warn_tau_unused
     from tether.perf.run_setup import Setup
 
     if args.scaling and args.max_workers < 1:
@@ -110,14 +109,16 @@ def check_predict_settings(args: argparse.Namespace, methods: list[str]) -> None
             Setup(
                 method,
                 workers,
-                tau=method_tau(method, args.tau),
+                # a --tau given is checked even where it changes nothing (it is said below)
+                tau=args.tau if args.tau is not None else method_tau(method),
                 bucket_mb=args.bucket_mb,
                 overlap=not args.no_overlap,
                 allreduce=args.allreduce,
                 ranks_per_node=args.ranks_per_node,
                 threads_per_worker=args.threads_per_worker,
             ).check(spell=as_dashed)
-    warn_tau_unused(args.tau, methods)  # after the checks: a refused --tau is only refused
+    warn_tau_unused(args.tau, methods, spell=as_dashed)  # after the checks: a refused --tau
+    # is only refused
 
 
 def check_one_node(
@@ -130,19 +131,6 @@ def check_one_node(
     for method in methods:
         setup = Setup(method, max(workers), ranks_per_node=ranks_per_node or 0)
         setup.check_one_node(profile.name, profile.ranks_per_node, spell=as_dashed)
-
-
-def warn_tau_unused(tau: int | None, methods: list[str]) -> None:
-    """``--tau`` given for methods that exchange after every step: it changes nothing there."""
-    from tether.perf.run_setup import EVERY_STEP_METHODS
-
-    unused = [m for m in methods if m in EVERY_STEP_METHODS]
-    if tau is not None and unused:
-        warnings.warn(
-            f"--tau has no effect on {', '.join(unused)} (each exchanges after every step)",
-            UserWarning,
-            stacklevel=3,
-        )
 
 
 # tether simulate's options: (option, least, whether the least itself is refused); the

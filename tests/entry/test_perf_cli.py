@@ -70,6 +70,14 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
     assert result["updates"] == 16 * 200
     assert result["server_utilisation"] > 0.5  # 16 workers of 10 ms against a 1 ms server
     _png(out / "staleness.png")
+    # what is left out is the same in Python (its messages and service were free before)
+    assert (
+        main(["simulate", "--method", "original-easgd", "--workers", "8", "--out", str(out)]) == 0
+    )
+    by_default = json.loads((out / "simulate.json").read_text())
+    same = tether.simulate("original-easgd", 8).to_dict()
+    assert same["throughput_steps_s"] == by_default["throughput_steps_s"]
+    assert same["server_utilisation"] == by_default["server_utilisation"] > 0
 
 
 @pytest.mark.slow  # 35-50 s on 2 cores: every measurement of a calibration, for real

@@ -4,6 +4,7 @@ cores, scaling curves, the FLOP path, and timing a user's model layer by layer."
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from tether.api.perf import predict, predict_scaling, time_model
+from tether.api.perf import predict, predict_scaling, simulate, time_model
 from tether.bench.compute_samples import (
     LoopTimes,
     busy_node_slowdown,
@@ -544,3 +545,26 @@ def test_two_level_easgd_counts_its_node_all_reduce_as_communication() -> None:
     node = predict(WORKLOAD, "sync-sgd", 2, PROFILE, ranks_per_node=2, overlap=False)
     assert two.compute_s == pytest.approx(COMPUTE)
     assert two.exposed_comm_s >= node.iteration_s - COMPUTE > 0
+
+
+def test_python_predicts_at_another_batch_and_names_a_tau_that_changes_nothing() -> None:
+    """As ``tether predict`` does (--batch-size, and its warning about --tau): the Python
+    functions refused batch_size and took a tau for sync-sgd or hogwild-sgd without a word."""
+    net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 3))
+    workload = time_model(net, torch.randn(16, 20), torch.randint(0, 3, (16,)), F.cross_entropy)
+    at_64 = predict(workload, "sync-sgd", 2, batch_size=64)
+    assert at_64.compute_s == predict(workload.at_batch(64), "sync-sgd", 2).compute_s
+    assert at_64.compute_s > predict(workload, "sync-sgd", 2).compute_s
+    (row,) = predict_scaling(workload, "sync-sgd", workers=[1], batch_size=32)
+    assert row["batch_size"] == 32
+    with pytest.raises(TetherError, match=r"^batch_size must be at least 1, got 0$"):
+        predict(workload, "sync-sgd", 2, batch_size=0)
+    with pytest.warns(UserWarning, match=r"^tau has no effect on sync-sgd \(each exchanges"):
+        predict(workload, "sync-sgd", 2, tau=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predict(workload, "sync-easgd", 2, tau=4)  # rounds of 4: it changes something
+    with pytest.raises(TetherError, match=r"^tau must be at least 1, got 0$"):
+        predict(workload, "sync-sgd", 2, tau=0)  # checked, even where it would change nothing
+    with pytest.warns(UserWarning, match="^tau has no effect on hogwild-sgd"):
+        simulate("hogwild-sgd", 4, 10, 0.01, tau=4)

@@ -31,10 +31,18 @@ from tether.perf.checks import is_whole
 from tether.perf.predict import Prediction, Setup
 from tether.perf.predict import predict as _predict
 from tether.perf.profile import HardwareProfile, load_profile
+from tether.perf.run_setup import (
+    EVERY_STEP_METHODS,
+    SIMULATED_MESSAGE_S,
+    SIMULATED_ROUNDS,
+    SIMULATED_SERVICE_S,
+    SIMULATED_STEP_S,
+)
 from tether.perf.scaling import ScalingCutWarning, curve_end, scaling
 from tether.perf.simulator import SimulationConfig, SimulationResult, WorkerSpeeds
 from tether.perf.simulator import simulate as _simulate
 from tether.perf.workload import TimedThreadsWarning, Workload
+from tether.spelling import Spell, as_keyword
 
 HERE = "this machine (timed)"
 
@@ -99,13 +107,15 @@ def _profile(profile: str | os.PathLike[str] | HardwareProfile) -> HardwareProfi
     return load_profile(os.fspath(profile))
 
 
-def _workload(workload: Workload) -> Workload:
+def _workload(workload: Workload, batch_size: int | None = None) -> Workload:
     if not isinstance(workload, Workload):
         raise TetherError(
             f"workload must be a Workload (from tether.time_model or tether.calibrate), not "
             f"{type(workload).__name__}"
         )
-    return workload
+    if batch_size is None:
+        return workload
+    return workload.at_batch(_count("batch_size", batch_size, 1))
 
 
 def predict(
@@ -113,14 +123,17 @@ def predict(
     method: str,
     workers: int,
     profile: str | HardwareProfile = "vm-2cores",
+    batch_size: int | None = None,
     **settings: Any,
 ) -> Prediction:
     """Predicted seconds per local step of ``method`` on ``workers`` workers, with the breakdown
-    (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``). ``settings``:
-    ``tau`` (default: the method's own), ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
+    (``compute_s``, ``exposed_comm_s``, ``update_s``, ``comm_share``, ``details``).
+    ``batch_size``: the per-worker batch to predict at (default: the workload's; the layers'
+    times scale with it, as ``tether predict --batch-size``). ``settings``: ``tau`` (default:
+    the method's own), ``bucket_mb``, ``overlap``, ``allreduce``, ``ranks_per_node``,
     ``threads_per_worker`` (as ``tether train`` takes them)."""
     found, hardware, setup = (
-        _workload(workload),
+        _workload(workload, batch_size),
         _profile(profile),
         _setup(method, workers, settings),
     )
@@ -134,10 +147,12 @@ def predict_scaling(
     profile: str | HardwareProfile = "vm-2cores",
     workers: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
     strong: bool = False,
+    batch_size: int | None = None,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """Throughput, the ideal line and efficiency for each worker count; weak scaling keeps the
-    per-worker batch, strong scaling the global batch of the first count. A curve that stops
+    per-worker batch (``batch_size``, default the workload's), strong scaling the global batch
+    of the first count. ``settings`` as :func:`predict` takes them. A curve that stops
     before the last count (no samples left to share, or ``hogwild-sgd`` past one node) says why
     in a :class:`~tether.perf.scaling.ScalingCutWarning`."""
     if not isinstance(workers, Iterable) or isinstance(workers, str):
@@ -149,7 +164,7 @@ def predict_scaling(
         raise TetherError(f"workers must be a non-empty list of whole numbers >= 1, got {counts!r}")
     counts = [int(p) for p in counts]
     found, hardware, setup = (
-        _workload(workload),
+        _workload(workload, batch_size),
         _profile(profile),
         _setup(method, counts[0], settings),
     )
@@ -189,10 +204,29 @@ def _plain(value: Any) -> Any:
 
 def method_tau(method: str, given: int | None = None) -> int:
     """``given``, else the method's own default as ``tether train`` runs it (local-sgd and
-    async-easgd: 4, two-level-easgd: 4; 1 for a method without rounds)."""
+    async-easgd: 4, two-level-easgd: 4); 1 for a method that exchanges after every step,
+    whatever is given (:func:`warn_tau_unused` says so where one is)."""
+    if method in EVERY_STEP_METHODS:
+        return 1
     if given is not None:
         return given
     return int(method_defaults(method).get("tau", 1))
+
+
+def warn_tau_unused(
+    tau: int | None, methods: list[str], spell: Spell = as_keyword, stacklevel: int = 2
+) -> None:
+    """A ``tau`` given for methods that exchange after every step: it changes nothing there
+    (``spell``: ``--tau`` on the command line; ``stacklevel``: whose line the warning names,
+    counted from the caller of this function, 2 being that caller's caller)."""
+    unused = [m for m in methods if m in EVERY_STEP_METHODS]
+    if tau not in (None, 1) and unused:
+        warnings.warn(
+            f"{spell('tau')} has no effect on {', '.join(unused)} (each exchanges after every "
+            "step)",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
@@ -203,6 +237,9 @@ def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
             f"unknown setting(s) {', '.join(unknown)}: predict takes {', '.join(sorted(known))}"
         )
     settings = {key: _plain(value) for key, value in settings.items()}
+    if settings.get("tau") is not None:  # checked even where it changes nothing (said so)
+        settings["tau"] = _count("tau", settings["tau"], 1)
+        warn_tau_unused(settings["tau"], [method], stacklevel=3)  # predict's caller
     settings = {**settings, "tau": method_tau(method, settings.get("tau"))}
     return Setup(method=method, workers=_plain(workers), **settings)
 
@@ -210,15 +247,15 @@ def _setup(method: str, workers: int, settings: dict[str, Any]) -> Setup:
 def simulate(
     method: str,
     workers: int,
-    rounds: int,
-    step_s: float,
+    rounds: int = SIMULATED_ROUNDS,
+    step_s: float = SIMULATED_STEP_S,
     *,
     heterogeneity: float = 0.0,
     jitter: float = 0.0,
     straggler_probability: float = 0.0,
     straggler_slowdown: float = 1.0,
-    message_s: float = 0.0,
-    service_s: float = 0.0,
+    message_s: float = SIMULATED_MESSAGE_S,
+    service_s: float = SIMULATED_SERVICE_S,
     tau: int | None = None,
     seed: int = 0,
     worker_factors: Sequence[float] | None = None,
@@ -234,6 +271,7 @@ def simulate(
     )
     if tau is not None:
         tau = _count("tau", tau, 1)
+        warn_tau_unused(tau, [method], stacklevel=2)  # the caller of simulate
     try:
         speeds = WorkerSpeeds(
             step_s=step_s,

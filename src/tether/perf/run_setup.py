@@ -26,6 +26,14 @@ SERVER_METHODS = (
 PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
 # the methods that exchange after every step: a period (tau) does not apply to them
 EVERY_STEP_METHODS = ("sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd")
+# what a simulation takes where not told (tether simulate and tether.simulate alike): 1000
+# exchanges per worker of 10 ms steps, a 0.5 ms message each way, 0.1 ms of the server's work
+SIMULATED_ROUNDS, SIMULATED_STEP_S, SIMULATED_MESSAGE_S, SIMULATED_SERVICE_S = (
+    1000,
+    0.01,
+    5e-4,
+    1e-4,
+)
 # what --allreduce may name: the run's own choices ("native": the backend's; "auto": the fastest
 # for each size, priced as the model's fastest) and every schedule the model prices
 PRICED_ALL_REDUCES = ("native", "auto", *ALL_REDUCE_ALGORITHMS)
