@@ -23,6 +23,7 @@ from tether.perf.run_setup import (
     SIMULATED_STEP_S,
 )
 from tether.spelling import as_dashed
+from tether.words import counted
 
 MAX_SCALING_WORKERS = 4096
 
@@ -115,8 +116,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
         f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
         f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop; the loop "
-        f"{min(samples.loop_steps_s()) * 1e3:.2f}-{max(samples.loop_steps_s()) * 1e3:.2f} "
-        f"ms/step over {len(samples.single)} runs), "
+        f"{_spread_ms(samples.loop_steps_s())} ms/step over {counted(len(samples.single), 'run')}), "
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
         + (
@@ -258,6 +258,12 @@ def size_text(n_bytes: float) -> str:
     if n_bytes >= 2**20 / 10:
         return f"{n_bytes / 2**20:.2f} MiB"
     return f"{n_bytes / 2**10:.1f} KiB"
+
+
+def _spread_ms(seconds: list[float]) -> str:
+    """``0.41-0.52`` (ms) over several samples; one value where they agree (one run)."""
+    low, high = f"{min(seconds) * 1e3:.2f}", f"{max(seconds) * 1e3:.2f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -199,3 +199,30 @@ def test_numpys_numbers_are_taken_as_pythons() -> None:
     assert type(result.workers) is int and result.throughput_steps_s > 0
     with pytest.raises(TetherError, match="workers must be a whole number"):
         predict(workload, "sync-sgd", np.float64(2.5), "p40-cluster")
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        # a string or None was math's "TypeError: must be real number, not str"
+        ({"step_s": "0.01"}, "step_s = '0.01' is not a finite number"),
+        ({"message_s": None}, "message_s = None is not a finite number"),
+        ({"straggler_probability": "a"}, "straggler_probability = 'a' is outside [0, 1]"),
+        ({"worker_factors": [1, "a"]}, "worker_factors must all be > 0"),
+        # the internal field's name leaked: "speeds.worker_factors has 1 entries"
+        ({"worker_factors": [1.0]}, "worker_factors has 1 entries for 2 workers"),
+    ],
+)
+def test_a_simulation_setting_of_the_wrong_kind_is_one_line(given: dict, said: str) -> None:
+    from tether.api.perf import simulate
+
+    with pytest.raises(TetherError, match=None) as refused:
+        simulate("async-sgd", 2, 10, **given)
+    assert str(refused.value).startswith(said) or f": {said}" in str(refused.value), refused.value
+
+
+def test_the_calibration_summary_gives_one_value_where_one_run_was_timed() -> None:
+    from tether.perf_commands import _spread_ms
+
+    assert _spread_ms([0.00041]) == "0.41"  # was "0.41-0.41 ms/step over 1 runs"
+    assert _spread_ms([0.00041, 0.00052, 0.00045]) == "0.41-0.52"

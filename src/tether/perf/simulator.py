@@ -39,12 +39,12 @@ Closed forms (steady state, equal deterministic workers, ``T = tau c``; tau = 1 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tether.perf.checks import is_finite_number
 from tether.perf.run_setup import EVERY_STEP_METHODS
 
 _FCFS = ("async-sgd", "async-msgd", "async-easgd", "async-measgd")
@@ -59,7 +59,9 @@ def _check(ok: bool, what: str, fix: str) -> None:
 
 
 def _at_least(name: str, value: float, low: float, fix: str, above: bool = False) -> None:
-    ok = math.isfinite(value) and (value > low if above else value >= low)
+    # a string or None is refused in one line too, not with math's TypeError
+    _check(is_finite_number(value), f"{name} = {value!r} is not a finite number", fix)
+    ok = value > low if above else value >= low
     _check(ok, f"{name} = {value!r} must be {'>' if above else '>='} {low}", fix)
 
 
@@ -82,10 +84,14 @@ class WorkerSpeeds:
         _at_least("heterogeneity", self.heterogeneity, 0, "give a lognormal sigma")
         _at_least("jitter", self.jitter, 0, "give a lognormal sigma")
         p = self.straggler_probability
-        _check(0 <= p <= 1, f"straggler_probability = {p!r} is outside [0, 1]", "use a probability")
+        _check(
+            is_finite_number(p) and 0 <= p <= 1,
+            f"straggler_probability = {p!r} is outside [0, 1]",
+            "use a probability",
+        )
         _at_least("straggler_slowdown", self.straggler_slowdown, 1, "it multiplies a step's time")
         _check(
-            all(math.isfinite(f) and f > 0 for f in self.worker_factors),
+            all(is_finite_number(f) and f > 0 for f in self.worker_factors),
             "worker_factors must all be > 0",
             "give positive per-worker step-time multipliers",
         )
@@ -124,7 +130,7 @@ class SimulationConfig:
         n = len(self.speeds.worker_factors)
         _check(
             n in (0, self.workers),
-            f"speeds.worker_factors has {n} entries for {self.workers} workers",
+            f"worker_factors has {n} entries for {self.workers} workers",
             "give one factor per worker or none",
         )
 
