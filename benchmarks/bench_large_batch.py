@@ -620,6 +620,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.offline and args.part != "batches":
         parser.error("--offline builds part batches' table; part precision has no runs file")
+    if args.offline and not (args.cells.exists() and args.cells.read_text().strip()):
+        parser.error(f"--offline: no runs in {args.cells}; pass the runs file with --cells FILE")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-large-batch-") as scratch:
         part = part_batches if args.part == "batches" else part_precision

@@ -5,6 +5,7 @@ many runs each made (a lent GPU machine is an H100 one session and an H200 the n
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -65,3 +66,18 @@ def test_a_shown_run_without_its_machine_is_refused(tmp_path: Path) -> None:
     runs.fit({"lr": 0.1})
     with pytest.raises(SystemExit, match="do not record their machine"):
         runs.machines_used()
+
+
+def test_the_result_file_says_how_many_runs_each_machine_made(monkeypatch, tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    module = bench_large_batch()
+    common = sys.modules["_common"]  # the sibling the script imported
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    label = module.merged_machine([H200, H100, H200])
+    common.write_part_result("Large-batch training", "table", ["| a |"], Figure(), label, 0.0)
+    (written,) = tmp_path.glob("table_*.md")
+    assert written.name == "table_1-x-nvidia-h200-1-x-nvidia-h100.md"
+    lines = written.read_text().splitlines()
+    assert "- machine: Xeon, 16 cores, 1 x NVIDIA H200 / 1 x NVIDIA H100, torch 2.11" in lines
+    assert "- runs: 2 on 1 x NVIDIA H200, 1 on 1 x NVIDIA H100" in lines

@@ -45,9 +45,9 @@ def test_a_run_whose_every_step_overflows_is_told_once(capsys) -> None:
     assert said == [
         "tether: warning: rank 3: fp16: the last 8 steps overflowed (inf or NaN gradients) "
         "and were skipped, the loss scale down to 0.00390625 from 65536: the forward or "
-        "backward pass makes values fp16 cannot hold and the model is not training; use bf16, "
-        "--precision bf16 (precision='bf16' in Python), or a lower learning rate if the "
-        "weights diverged"
+        "backward pass makes values fp16 cannot hold and the model is not training; switch to "
+        "bf16 with --precision bf16 (precision='bf16' in Python), or lower the learning rate "
+        "if the weights diverged"
     ]
 
 

@@ -327,6 +327,13 @@ def test_a_timing_that_fails_names_what_does_not_fit() -> None:
     # the loss the targets want, not the one given (it said "--loss mse" to a user of mse)
     with pytest.raises(TetherError, match=r"class-index targets take a classification loss"):
         time_model(net, torch.randn(4, 30), torch.zeros(4, dtype=torch.long), "mse", repeats=1)
+    # a loss of the targets' kind that fails for another reason gets no advice to switch to it
+    for loss, targets in ((F.cross_entropy, torch.full((4,), 16)), (F.mse_loss, torch.randn(4))):
+        with pytest.raises(TetherError) as refused:
+            time_model(net, torch.randn(4, 30), targets, loss, repeats=1)
+        assert "takes a" not in str(refused.value), refused.value
+    with pytest.raises(TetherError, match=r"a regression takes a regression loss: --loss mse"):
+        time_model(net, torch.randn(4, 30), torch.randn(4, 7), F.cross_entropy, repeats=1)
     regression = time_model(nn.Linear(30, 1), torch.randn(4, 30), torch.randn(4), "mse", repeats=1)
     assert regression.batch_size == 4
     # a batch of none made a workload of batch 0, which predicted 0 samples/s without a word

@@ -68,7 +68,8 @@ def test_closed_forms_by_hand() -> None:
             SimulationConfig(method, p, 10, speeds, message_s=m, service_s=s, tau=tau)
         )
 
-    assert cf("async-sgd") == pytest.approx(min(p / (c + 2 * m + s), 1 / s))
+    # an async-sgd worker pushes every tau steps, as in training (tau 1 by default)
+    assert cf("async-sgd") == pytest.approx(tau * min(p / (tau * c + 2 * m + s), 1 / s))
     assert cf("async-easgd") == pytest.approx(tau * min(p / (tau * c + 2 * m + s), 1 / s))
     assert cf("hogwild-sgd") == pytest.approx(p / (c + s))
     assert cf("hogwild-easgd") == pytest.approx(p * tau / (tau * c + 2 * m + s))
@@ -223,7 +224,9 @@ def test_counts_and_json() -> None:
     assert (res.updates, res.steps) == (8 * 20, 8 * 20 * 4)
     assert sum(res.staleness.values()) == res.updates
     assert len(res.worker_finish_s) == 8 and max(res.worker_finish_s) > res.elapsed_s
-    assert simulate(config("async-sgd", rounds=20)).steps == 8 * 20  # tau is for EASGD only
+    # an async-sgd worker pushes every tau steps as in training; hogwild-sgd has no period
+    assert simulate(config("async-sgd", rounds=20)).steps == 8 * 20 * 4
+    assert simulate(config("hogwild-sgd", rounds=20)).steps == 8 * 20
     d = json.loads(json.dumps(res.to_dict()))
     assert d == res.to_dict() and d["method"] == "async-easgd"
     assert isinstance(res, SimulationResult)

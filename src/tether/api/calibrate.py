@@ -223,7 +223,7 @@ def calibrate(
             "calibrate times the layers on an (inputs, targets) batch: give a loss of the form "
             "loss(outputs, targets)"
         )
-    if "model_parallel" in options or "parallel_plan" in options:  # as `tether calibrate`
+    if options.get("model_parallel", 1) != 1 or options.get("parallel_plan"):  # as the command
         raise TetherError(
             "calibrate times data-parallel runs, and the performance model does not cover model "
             "parallelism: leave model_parallel and parallel_plan out"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tether.bench.compute_samples import ComputeSamples, LoopTimer
@@ -41,6 +42,7 @@ from tether.launch.partition import usable_cores
 from tether.perf.profile import HardwareProfile, Link, Sourced
 from tether.perf.workload import Workload
 from tether.spelling import Spell, as_dashed
+from tether.training.objective import RegressionLoss
 
 LINK_SIZES = ("4KB", "64KB", "256KB", "1MB", "4MB", "16MB")  # KB, MB: powers of 1024
 ONE_NODE = 64  # local ranks: every worker of a local run shares this node
@@ -203,18 +205,35 @@ def _what_does_not_fit(
     try:
         loss(outputs, targets)
     except Exception as failed:
-        classes = isinstance(targets, torch.Tensor) and not targets.is_floating_point()
-        hint = (
-            "class-index targets take a classification loss: --loss cross-entropy, "
-            "loss='cross-entropy'"
-            if classes
-            else "a regression takes a regression loss: --loss mse, loss='mse'"
-        )
         return (
             f"{first_line(failed)} (does the loss fit the model's outputs ({_shapes(outputs)}) "
-            f"and the data's targets ({_shapes(targets)})? {hint})"
+            f"and the data's targets ({_shapes(targets)})?{_loss_kind_hint(loss, targets)})"
         )
     return first_line(exc)
+
+
+_REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
+_CLASSIFICATION_LOSSES = (F.cross_entropy, F.nll_loss)
+
+
+def _loss_kind_hint(loss: Any, targets: Any) -> str:
+    """A word where the loss is of the other kind than the targets (a regression loss on class
+    indices, or the other way round); nothing where the kinds agree or are not known (a loss
+    of the right kind failed for another reason, e.g. a class index out of range)."""
+    if not isinstance(targets, torch.Tensor):
+        return ""
+    regression = isinstance(
+        loss, nn.MSELoss | nn.L1Loss | nn.SmoothL1Loss | nn.HuberLoss | RegressionLoss
+    )
+    regression = regression or loss in _REGRESSION_LOSSES
+    classification = (
+        isinstance(loss, nn.CrossEntropyLoss | nn.NLLLoss) or loss in _CLASSIFICATION_LOSSES
+    )
+    if regression and not targets.is_floating_point():
+        return " class-index targets take a classification loss: --loss cross-entropy, loss='cross-entropy'"
+    if classification and targets.is_floating_point():
+        return " a regression takes a regression loss: --loss mse, loss='mse'"
+    return ""
 
 
 def _shapes(value: Any) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tether.errors import TetherError
+from tether.spelling import both_ways
 
 
 def usable_cores() -> list[int]:
@@ -102,8 +103,9 @@ def plan_partition(
     if threads_per_worker > 1 and workers * threads > len(cores):
         raise TetherError(
             f"{workers} workers x {threads} threads need {workers * threads} cores and this "
-            f"node has {len(cores)}: use --threads-per-worker {max(1, len(cores) // workers)} "
-            "or fewer workers (0 divides the cores evenly)"
+            f"node has {len(cores)}: use "
+            f"{both_ways(threads_per_worker=max(1, len(cores) // workers))} or fewer workers (0 "
+            "divides the cores evenly)"
         )
     groups = None
     if pin and workers * threads <= len(cores):
@@ -117,8 +119,8 @@ def _own_partition(workers: int, threads_per_worker: int, pin: bool, cores: list
     if threads > len(cores):
         raise TetherError(
             f"{threads} threads per worker need {threads} cores and the launcher bound this "
-            f"process to {len(cores)}: use --threads-per-worker {len(cores)} or fewer, or bind "
-            "each task to more cores (srun --cpus-per-task)"
+            f"process to {len(cores)}: use {both_ways(threads_per_worker=len(cores))} or fewer, "
+            "or bind each task to more cores (srun --cpus-per-task)"
         )
     own = tuple(cores[:threads]) if pin else tuple(cores)
     return Partition(workers, threads, None, own)

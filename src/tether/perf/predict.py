@@ -45,7 +45,7 @@ from tether.perf.collective_cost import (
 )
 from tether.perf.exchange_load import alpha_load, exchange_skew_s, server_load
 from tether.perf.profile import HardwareProfile
-from tether.perf.run_setup import COLLECTIVE_METHODS, SERVER_METHODS, Setup
+from tether.perf.run_setup import COLLECTIVE_METHODS, EVERY_STEP_METHODS, SERVER_METHODS, Setup
 from tether.perf.simulator import SimulationConfig, WorkerSpeeds, closed_form_throughput
 from tether.perf.workload import StepTimes, Workload
 
@@ -240,8 +240,9 @@ def _node_setup(setup: Setup, links: Links) -> Setup:
 
 
 def _steps_per_exchange(setup: Setup) -> int:
-    """A server method's worker exchanges every ``tau`` steps (the EASGD family) or every step."""
-    return setup.tau if setup.method.endswith("easgd") else 1
+    """A server method's worker exchanges every ``tau`` steps (async-sgd and async-msgd push
+    their gradients averaged over them), hogwild-sgd's every step."""
+    return 1 if setup.method in EVERY_STEP_METHODS else setup.tau
 
 
 def _server(steps: StepTimes, setup: Setup, links: Links) -> tuple[float, float, float]:

@@ -24,8 +24,9 @@ SERVER_METHODS = (
     "hogwild-easgd",
 )
 PREDICTED_METHODS = COLLECTIVE_METHODS + SERVER_METHODS
-# the methods that exchange after every step: a period (tau) does not apply to them
-EVERY_STEP_METHODS = ("sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd")
+# the methods that exchange after every step: a period (tau) does not apply to them (an
+# async-sgd or async-msgd worker pushes its averaged gradients every tau steps)
+EVERY_STEP_METHODS = ("sync-sgd", "hogwild-sgd")
 # what a simulation takes where not told (tether simulate and tether.simulate alike): 1000
 # exchanges per worker of 10 ms steps, a 0.5 ms message each way, 0.1 ms of the server's work
 SIMULATED_ROUNDS, SIMULATED_STEP_S, SIMULATED_MESSAGE_S, SIMULATED_SERVICE_S = (

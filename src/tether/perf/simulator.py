@@ -12,7 +12,8 @@ have the same timing as their plain forms.
 Times: ``c`` one local step, ``m`` one one-way message, ``s`` the server's work per update or
 exchange, ``x = 2m + s`` one exchange seen from a worker. Per method:
 
-* ``async-*``: the worker computes (1 step, or ``tau`` for EASGD), sends (m), the server applies
+* ``async-*``: the worker computes ``tau`` steps (async-sgd and async-msgd push the gradients
+  averaged over them; 1 by default), sends (m), the server applies
   updates first-come-first-served one at a time (s each), and replies (m); the next computation
   starts on the reply. Staleness: updates by others between this worker's two consecutive ones.
 * ``hogwild-easgd``: as ``async-easgd`` but the server applies exchanges concurrently (no lock, no
@@ -29,7 +30,7 @@ Every worker does exactly ``rounds`` interactions, so a slow worker runs on alon
 throughputs are therefore rates over the window in which all workers are still working (to the
 first worker's last update), which is what a training run that stops on a step budget sees.
 
-Closed forms (steady state, equal deterministic workers, ``T = tau c``; tau = 1 for the SGD forms)::
+Closed forms (steady state, equal deterministic workers, ``T = tau c``)::
 
     async-*         P tau / max(T + x, P s)        the server bounds updates at 1/s
     hogwild-easgd   P tau / (T + x)
@@ -105,7 +106,8 @@ class WorkerSpeeds:
 @dataclass(frozen=True)
 class SimulationConfig:
     """One simulation: ``rounds`` server interactions per worker. ``tau`` is the local steps per
-    exchange of the EASGD methods; the SGD methods do one step per update and ignore it."""
+    exchange (async-sgd's and async-msgd's gradients averaged over them); hogwild-sgd does one
+    step per update and ignores it."""
 
     method: str
     workers: int

@@ -115,8 +115,8 @@ class LossScaler:
             f"tether: warning: {who}fp16: the last {self.in_a_row} steps overflowed (inf or NaN "
             f"gradients) and were skipped, the loss scale down to {self.scale:g} from "
             f"{self.settings.init_scale:g}: the forward or backward pass makes values fp16 cannot "
-            f"hold and the model is not training; use bf16, {both_ways(precision='bf16')}, "
-            "or a lower learning rate if the weights diverged",
+            f"hold and the model is not training; switch to bf16 with "
+            f"{both_ways(precision='bf16')}, or lower the learning rate if the weights diverged",
             file=sys.stderr,
             flush=True,
         )

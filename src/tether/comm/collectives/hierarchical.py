@@ -78,7 +78,8 @@ def check_nodes(world_size: int, ranks_per_node: int) -> int:
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise TetherError(
             f"hierarchical collectives need whole nodes: {world_size} ranks do not split into "
-            f"nodes of {ranks_per_node}; set --ranks-per-node to a divisor of {world_size}"
+            f"nodes of {ranks_per_node}; set --ranks-per-node (ranks_per_node in Python) to a "
+            f"divisor of {world_size}"
         )
     return world_size // ranks_per_node
 
