@@ -116,7 +116,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"({1 / links.beta / 1e9 if links.beta else float('inf'):.2f} GB/s), gamma "
         f"{links.gamma * 1e12:.1f} ps/B; {config.model} step {step_s * 1e3:.2f} ms at batch "
         f"{config.batch_size} (+{workload.data_s * 1e3:.2f} ms of data and loop; the loop "
-        f"{_spread_ms(samples.loop_steps_s())} ms/step over {counted(len(samples.single), 'run')}), "
+        f"{_spread_ms(samples.loop_steps_s())} ms/step over "
+        f"{counted(len(samples.single), 'run')}), "
         f"{profile.flops.value / 1e9:.2f} GFLOP/s achieved; server wire alpha "
         f"{wire.alpha * 1e6:.1f} us, beta {wire.beta * 1e9:.3f} ns/B"
         + (

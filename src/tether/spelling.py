@@ -1,8 +1,9 @@
 """How a message names a setting for the one who reads it: ``tether.fit`` and ``tether.init``
 take keywords (``lr_schedule="step"``), the command line takes flags (``--lr-schedule step``:
 :func:`as_dashed`, or :func:`tether.train_options.as_flag` for ``tether train``'s options, whose
-flags are not all the key dashed and some of which have none of their own). An error or warning that tells the user what to set says it in
-their own words: a flag means nothing to a notebook."""
+flags are not all the key dashed and some of which have none of their own). An error or
+warning that tells the user what to set says it in their own words: a flag means nothing to a
+notebook. A check that cannot know its caller (in a worker) gives both (:func:`both_ways`)."""
 
 from __future__ import annotations
 

@@ -230,7 +230,10 @@ def _loss_kind_hint(loss: Any, targets: Any) -> str:
         isinstance(loss, nn.CrossEntropyLoss | nn.NLLLoss) or loss in _CLASSIFICATION_LOSSES
     )
     if regression and not targets.is_floating_point():
-        return " class-index targets take a classification loss: --loss cross-entropy, loss='cross-entropy'"
+        return (
+            " class-index targets take a classification loss: --loss cross-entropy, "
+            "loss='cross-entropy'"
+        )
     if classification and targets.is_floating_point():
         return " a regression takes a regression loss: --loss mse, loss='mse'"
     return ""
