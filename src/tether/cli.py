@@ -235,7 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B,...",
         help="comma-separated methods to compare (default: every method in `tether list`)",
     )
-    add_train_options(compare, out_default="runs/compare-TIMESTAMP", resumable=False)
+    add_train_options(
+        compare,
+        out_default="runs/compare-TIMESTAMP",
+        resumable=False,
+        target_help="not taken: tether compare times every method to a test accuracy "
+        "(--target-accuracy)",
+    )
     compare.set_defaults(func=cmd_compare)
     launch = sub.add_parser(
         "launch",

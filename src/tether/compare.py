@@ -111,6 +111,7 @@ def run_comparison(
     """
     from tether.catalog import check_data, check_global_batch, check_launch
     from tether.methods import METHODS
+    from tether.training.objective import REGRESSION_LOSSES
     from tether.training.run_dir import prepare_run_dir
 
     assert config.out is not None
@@ -120,6 +121,11 @@ def run_comparison(
         raise TetherError(
             f"tether compare times every method to a test accuracy: give --target-accuracy, "
             f"not --target {config.target} (that is tether train's)"
+        )
+    if config.loss in REGRESSION_LOSSES:  # its runs would all end with no accuracy to show
+        raise TetherError(
+            f"tether compare compares test accuracy, which a regression (--loss {config.loss}) "
+            "does not have: run tether train for each method (--target 'loss<=0.3' times it)"
         )
     if config.metrics and "accuracy" not in config.metrics:
         raise TetherError(

@@ -171,12 +171,15 @@ def add_train_options(
     parser: argparse.ArgumentParser,
     out_default: str = "runs/METHOD-TIMESTAMP",
     resumable: bool = True,
+    target_help: str | None = None,
 ) -> None:
-    """The training options of ``tether train`` (``tether compare``: its own --out default, and
-    no --resume: a comparison is not resumed)."""
+    """The training options of ``tether train`` (``tether compare``: its own --out default, no
+    --resume: a comparison is not resumed, and its own word on --target)."""
     for flag, key, typ, help_text in TRAIN_OPTIONS:
         if key == "out":
             help_text = f"run directory (default: {out_default})"
+        if key == "target" and target_help is not None:
+            help_text = target_help
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
     for flag, key, action, help_text in FLAG_OPTIONS:
         metavar = "LAYER=KIND,..." if key == "parallel_plan" else "NAME"

@@ -78,7 +78,12 @@ def test_a_comparison_of_anything_but_accuracy_is_refused_up_front(tmp_path: Pat
         run_comparison(replace(base, target="loss<=0.9"), ["sync-sgd"])
     with pytest.raises(TetherError, match="add --metric accuracy"):
         run_comparison(replace(base, metrics=("mae",)), ["sync-sgd"])
+    # a regression ran every method to an empty table and plot; the help offered --target
+    with pytest.raises(TetherError, match=r"which a regression \(--loss mse\) does not have"):
+        run_comparison(replace(base, loss="mse"), ["sync-sgd"])
     assert not (tmp_path / "c").exists()
+    help_text = run_cli("compare", "--help").stdout
+    assert "'loss<=0.3'" not in help_text and "not taken: tether compare times" in help_text
 
 
 def test_a_failed_method_does_not_stop_the_comparison(

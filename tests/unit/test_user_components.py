@@ -24,7 +24,7 @@ from tether.data.sharding import GlobalBatchSampler, WorkerSampler
 from tether.errors import TetherError
 from tether.imports import load_object
 from tether.methods import MethodContext, StepTimes, TrainingMethod
-from tether.metrics import accuracy
+from tether.metrics import accuracy, mean_absolute_error
 from tether.optim import LookaheadNesterov, check_distributable
 from tether.optim.schedules import check_schedule
 from tether.targets import parse_target
@@ -341,6 +341,17 @@ def test_the_dry_run_catches_bad_components_in_one_line() -> None:
         probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), scheduler=StepLR))
     with pytest.raises(TetherError, match="a metric cannot be named 'loss'"):
         probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), metrics={"loss": accuracy}))
+    # a metric of the other kind of task: accuracy on a regression scored 0% without a word,
+    # mae on a classifier was torch's "shape '[2]' is invalid for input of size 20"
+    numbers = TensorDataset(x, torch.randn(len(x)))
+    with pytest.raises(TetherError, match=r"accuracy needs class scores .*takes mae or mse"):
+        probe_task(
+            Task(lambda: nn.Linear(4, 1), numbers, nn.MSELoss(), metrics={"accuracy": accuracy})
+        )
+    with pytest.raises(TetherError, match=r"mae needs one output per target.*takes accuracy"):
+        probe_task(
+            Task(build_linear, data, nn.CrossEntropyLoss(), metrics={"mae": mean_absolute_error})
+        )
 
 
 def test_a_target_names_a_metric_the_run_evaluates() -> None:

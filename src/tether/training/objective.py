@@ -114,3 +114,4 @@ LOSSES.register("cross-entropy", help="classification; --set label_smoothing=0.1
 )
 LOSSES.register("mse", help="mean squared error (regression)")(lambda _: RegressionLoss("mse"))
 LOSSES.register("l1", help="mean absolute error (regression)")(lambda _: RegressionLoss("l1"))
+REGRESSION_LOSSES = ("mse", "l1")  # the named losses of a regression, which has no accuracy
