@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tether.observe.metrics import truncate_metrics
+from tether.observe.files import atomic_write_json
+from tether.observe.metrics import MetricsLog, truncate_metrics
+from tether.observe.summary import _metrics_line
 
 
 def test_a_resume_drops_what_came_after_its_checkpoint(tmp_path: Path) -> None:
@@ -49,3 +51,26 @@ def test_a_killed_writer_loses_no_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], timeout=60)
     assert done.returncode == -9
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_diverged_loss_is_said_once_and_written_as_json_null(tmp_path: Path, capsys) -> None:
+    """A NaN loss went by without a word, and Python's bare NaN in metrics.jsonl and
+    summary.json is not JSON (JavaScript's JSON.parse and jq refuse it)."""
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"step": 1, "loss": 0.5})
+    log.write({"step": 2, "loss": float("nan")})
+    log.write({"step": 3, "loss": float("inf")})
+    log.close()
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "tether: warning: the training loss is nan at step 2: the run diverged; lower the "
+        "learning rate, or clip the gradients (--clip-grad-norm; clip_grad_norm in Python)"
+    ]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["loss"] for line in lines] == [0.5, None, None]
+    summary = {"method": "sync-sgd", "final_metrics": {"accuracy": 0.1, "loss": float("nan")}}
+    atomic_write_json(tmp_path / "summary.json", summary)
+    text = (tmp_path / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["final_metrics"]["loss"] is None
+    shown = _metrics_line(json.loads(text))
+    assert shown == "  test accuracy 10.00%  test loss not a number (diverged)"

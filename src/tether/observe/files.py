@@ -9,6 +9,7 @@ cluster directory read each other's runs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -101,4 +102,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None (JSON's null): JSON has no NaN, and
+    strict readers (JavaScript's JSON.parse, jq) refuse the bare ``NaN`` Python writes for a
+    diverged run's loss."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value

@@ -8,12 +8,16 @@ step time, summed over every computing worker.
 from __future__ import annotations
 
 import json
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+
+from tether.observe.files import json_safe
 
 
 @dataclass
@@ -75,6 +79,7 @@ class MetricsLog:
 
     def __init__(self, path: Path | None, append: bool = False) -> None:
         self._file: IO[str] | None = None
+        self._diverged = False  # a training loss that was not finite has been said
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Line-buffered: each record reaches the OS as it is written (a write call per step,
@@ -82,8 +87,20 @@ class MetricsLog:
             self._file = path.open("a" if append else "w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+        if self._file is None:
+            return
+        loss = record.get("loss")
+        if isinstance(loss, float) and not math.isfinite(loss) and not self._diverged:
+            self._diverged = True  # once: every later step says the same
+            print(
+                f"tether: warning: the training loss is {loss} at step {record.get('step')}: "
+                "the run diverged; lower the learning rate, or clip the gradients "
+                "(--clip-grad-norm; clip_grad_norm in Python)",
+                file=sys.stderr,
+                flush=True,
+            )
+        # a diverged loss is written as null: JSON has no NaN (json_safe)
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
 
     def flush(self) -> None:
         if self._file is not None:

@@ -53,11 +53,17 @@ def _metrics_line(summary: dict[str, Any]) -> str:
         return "  no evaluation (no evaluation data)"
     parts = []
     if "accuracy" in metrics:
-        parts.append(f"test accuracy {metrics.pop('accuracy'):.2%}")
+        parts.append(f"test accuracy {_shown(metrics.pop('accuracy'), '.2%')}")
     if "loss" in metrics:
-        parts.append(f"test loss {metrics.pop('loss'):.4f}")
-    parts += [f"{name} {value:.4g}" for name, value in metrics.items()]
+        parts.append(f"test loss {_shown(metrics.pop('loss'), '.4f')}")
+    parts += [f"{name} {_shown(value, '.4g')}" for name, value in metrics.items()]
     return "  " + "  ".join(parts)
+
+
+def _shown(value: float | None, spec: str) -> str:
+    """A metric as the summary shows it; None is one that was not a number (a diverged run's
+    loss, written as JSON's null)."""
+    return "not a number (diverged)" if value is None else format(value, spec)
 
 
 def run_summary_text(run_dir: Path) -> str:
