@@ -321,7 +321,25 @@ def load_data(config: TrainConfig) -> tuple[Dataset, Dataset | None, tuple[int, 
             f"got a {type(loaded).__name__}"
         )
     train, test = loaded
+    for role, part in (("train", train), ("eval", test)):
+        if _is_arrays(part):  # (X, y): a "data set" of two samples, X and y
+            kinds = " and ".join(type(item).__name__ for item in part)
+            raise TetherError(
+                f"dataset {config.dataset!r} returned {role} as a {type(part).__name__} of "
+                f"{kinds}: return a torch.utils.data.Dataset, e.g. "
+                "TensorDataset(torch.as_tensor(X), torch.as_tensor(y))"
+            )
     return train, test, *infer_shape_and_classes(train)
+
+
+def _is_arrays(part: Any) -> bool:
+    """``(X, y)``: arrays (of as many rows, more than two) where a data set was due."""
+    if not (isinstance(part, tuple | list) and len(part) == 2):
+        return False
+    shapes: list[Any] = [getattr(item, "shape", None) for item in part]
+    if not all(shapes):  # not arrays, or 0-d ones: a list of two samples, say
+        return False
+    return bool(shapes[0][0] == shapes[1][0] > 2)
 
 
 def infer_shape_and_classes(train: Any) -> tuple[tuple[int, ...], int | None]:

@@ -4,6 +4,7 @@ to the workers, the dry run, and names and import paths on the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 import warnings
@@ -18,7 +19,7 @@ from torch import nn
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Dataset, TensorDataset
 
-from tether.catalog import infer_shape_and_classes, task_from_config
+from tether.catalog import infer_shape_and_classes, load_data, task_from_config
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler, WorkerSampler
 from tether.errors import TetherError
@@ -391,6 +392,9 @@ def test_import_paths_resolve_on_the_working_directory(
         "    return TensorDataset(x, y), TensorDataset(x, y)\n"
         "def halved(outputs, targets):\n"
         "    return torch.nn.functional.cross_entropy(outputs, targets) / 2\n"
+        "def arrays():\n"
+        "    x = torch.randn(16, 4).numpy(); y = (x[:, 0] > 0).astype('int64')\n"
+        "    return (x, y), None\n"
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
@@ -413,6 +417,9 @@ def test_import_paths_resolve_on_the_working_directory(
         load_object("nomodule.sub:f", "loss")
     with pytest.raises(TetherError, match="module:attribute"):
         load_object("mytask:", "model")
+    # arrays where a data set was due: torch's "stack expects each tensor to be equal size"
+    with pytest.raises(TetherError, match=r"returned train as a tuple of ndarray and ndarray: "):
+        load_data(dataclasses.replace(config, dataset="mytask:arrays"))
     assert infer_shape_and_classes(task.train_data) == ((4,), 2)
     with pytest.raises(TetherError, match="built-in model 'lenet5' needs images"):
         task_from_config(TrainConfig(model="lenet5", dataset="mytask:load"))
