@@ -336,10 +336,13 @@ def test_the_dry_run_catches_bad_components_in_one_line() -> None:
         probe_task(Task(build_linear, TensorDataset(x[:0], y[:0]), nn.CrossEntropyLoss()))
     # a schedule with the method's own optimizer is tried on a stand-in (it failed in every
     # worker after start-up); a metric may not take the loss's name
+    # which factory failed, and the form it takes (it said "the optimizer or schedule")
     with pytest.raises(
-        TetherError, match=r"building the optimizer or schedule failed: .*step_size"
+        TetherError, match=r"^building the schedule \(scheduler\(optimizer\) or .*step_size"
     ):
         probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), scheduler=StepLR))
+    with pytest.raises(TetherError, match=r"^building the optimizer \(optimizer\(params\)\)"):
+        probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), optimizer=lambda: None))
     with pytest.raises(TetherError, match="a metric cannot be named 'loss'"):
         probe_task(Task(build_linear, data, nn.CrossEntropyLoss(), metrics={"loss": accuracy}))
     # a metric of the other kind of task: accuracy on a regression scored 0% without a word,

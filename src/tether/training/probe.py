@@ -88,6 +88,7 @@ def probe_task(
         if task.optimizer is not None or task.scheduler is not None:
             # the optimizer and schedule factories, on this model (a schedule alone, on a
             # stand-in for the method's own optimizer)
+            building = "the optimizer (optimizer(params))"  # which factory failed, and its form
             try:
                 optimizer = (
                     task.optimizer(model.parameters())
@@ -95,13 +96,12 @@ def probe_task(
                     else torch.optim.SGD(model.parameters(), lr=0.1)
                 )
                 check_distributable(optimizer)
+                building = "the schedule (scheduler(optimizer) or (optimizer, total_steps))"
                 build_scheduler(task.scheduler, optimizer, *_run_length(config, size))
             except TetherError:
                 raise
             except Exception as exc:
-                raise TetherError(
-                    f"building the optimizer or schedule failed: {first_line(exc)}"
-                ) from None
+                raise TetherError(f"building {building} failed: {first_line(exc)}") from None
         objective = Objective(task.loss)
         model.eval()
         with torch.no_grad():
