@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
 import types
 import typing
@@ -48,13 +49,20 @@ def _coerce(key: str, value: Any) -> Any:
     raise TetherError(f"config key {key!r} must be {names}, got {value!r}")
 
 
+# other frameworks' names for a key, which no spelling distance finds
+OTHER_NAMES = {"learning_rate": "lr", "lr_scheduler": "lr_schedule", "scheduler": "lr_schedule"}
+
+
 def apply_overrides(config: TrainConfig, values: Mapping[str, Any]) -> TrainConfig:
     """Return ``config`` with ``values`` applied; unknown keys list the valid ones."""
     valid = field_names()
     changes = {}
     for key, value in values.items():
         if key not in valid:
-            raise TetherError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
+            close = [OTHER_NAMES[key]] if key in OTHER_NAMES else []
+            close = close or difflib.get_close_matches(key, valid, n=2, cutoff=0.6)
+            meant = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            raise TetherError(f"unknown config key {key!r}{meant}; valid keys: {', '.join(valid)}")
         changes[key] = _coerce(key, value)
     return dataclasses.replace(config, **changes)
 

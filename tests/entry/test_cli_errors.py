@@ -28,7 +28,10 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--batch-size", "0"], "batch_size must be >= 1"),
         (["--lr", "0"], "lr must be > 0"),
         (["--lr", "-0.1"], "lr must be > 0"),
-        (["--set", "learning_rate=0.1"], "unknown config key 'learning_rate'; valid keys:"),
+        (
+            ["--set", "learning_rate=0.1"],
+            "unknown config key 'learning_rate' (did you mean 'lr'?); valid keys:",
+        ),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
         (["--resume", "/nonexistent"], "cannot resume: /nonexistent/config.toml does not exist"),
     ],
