@@ -1,6 +1,6 @@
 """The ``tether`` command line: ``tether train``, ``tether launch``, ``tether compare``,
-``tether bench``, ``tether calibrate | predict | simulate`` (:mod:`tether.perf_commands`) and
-``tether list``.
+``tether bench``, ``tether calibrate | predict | simulate`` (:mod:`tether.perf_commands`,
+:mod:`tether.simulate_command`) and ``tether list``.
 
 User mistakes print one line (``tether: error: ...``) and exit with code 2, without a traceback;
 a failed worker prints which rank failed and why and exits with code 1.
@@ -9,7 +9,6 @@ a failed worker prints which rank failed and why and exits with code 1.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ from tether.batch_notes import batch_text
 from tether.config import TrainConfig
 from tether.errors import TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
+from tether.run_names import run_stamp
 from tether.train_options import add_train_options, as_flag, config_from_args, given_values
 from tether.words import counted
 
@@ -46,7 +46,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tether.training.probe import probe_task, unseeded_model
     from tether.training.run_dir import check_run_dir
 
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = run_stamp()
     given = given_values(args)
     config = config_from_args(args, lambda c: f"runs/{c.method}-{stamp}", given)
     warn_ignored(config, set(given), spell=as_flag)
@@ -91,7 +91,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if hasattr(args, "method"):
         raise TetherError("tether compare takes --methods a,b,... (not --method)")
     methods = parse_methods(args.methods)  # every name checked before anything runs
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = run_stamp()
     config = config_from_args(args, lambda c: f"runs/compare-{stamp}")
 
     def config_for(method: str) -> TrainConfig:

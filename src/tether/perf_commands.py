@@ -1,5 +1,5 @@
-"""``tether calibrate``, ``tether predict`` and ``tether simulate``: the performance model on the
-command line. Names and import paths become objects here (the model, the data for its input
+"""``tether calibrate`` and ``tether predict`` (``tether simulate``: :mod:`tether.simulate_command`):
+the performance model on the command line. Names and import paths become objects here (the model, the data for its input
 shape, the profile); the work is :mod:`tether.perf`, :mod:`tether.bench.calibrate` and
 :mod:`tether.api.perf`. docs/performance.md explains the model and its validation.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import sys
 import warnings
 from pathlib import Path
@@ -16,13 +15,8 @@ from typing import Any
 
 from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
-from tether.perf.run_setup import (
-    SIMULATED_MESSAGE_S,
-    SIMULATED_ROUNDS,
-    SIMULATED_SERVICE_S,
-    SIMULATED_STEP_S,
-)
-from tether.spelling import as_dashed
+from tether.run_names import run_stamp
+from tether.simulate_command import add_simulate_parser
 from tether.words import counted
 
 MAX_SCALING_WORKERS = 4096
@@ -38,10 +32,6 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected counts >= 1 like 1,2,4, got {text!r}")
     return values
-
-
-def _stamp() -> str:
-    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +80,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     options = CalibrationOptions(args.workers, threads, args.loop_runs, args.timeout)
     options.check(args.loop_steps, args.repeats)  # before minutes of timing
     name = args.name or f"{socket.gethostname()}-calibrated"
-    out = Path(args.out) if args.out else Path("runs") / f"calibrate-{_stamp()}" / "profile.json"
+    out = Path(args.out) if args.out else Path("runs") / f"calibrate-{run_stamp()}" / "profile.json"
     perf_inputs.check_out_file(out)
     most = perf_inputs.calibration_workers(config, args.workers)  # before any timing
     options = dataclasses.replace(options, most_workers=most)
@@ -146,7 +136,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     methods = perf_inputs.predicted_methods(args.method)  # before anything is loaded or timed
     perf_inputs.check_predict_settings(args, methods)
-    out = Path(args.out) if args.out else Path("runs") / f"predict-{_stamp()}"
+    out = Path(args.out) if args.out else Path("runs") / f"predict-{run_stamp()}"
     perf_inputs.check_out_dir(out)
     profile = load_profile(args.profile)
     perf_inputs.check_one_node(methods, args.workers, profile, args.ranks_per_node)
@@ -267,47 +257,6 @@ def _spread_ms(seconds: list[float]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from tether.api.perf import method_tau, simulate, warn_tau_unused
-    from tether.observe.files import atomic_write_json
-    from tether.observe.perf_plots import plot_staleness
-
-    perf_inputs.check_simulate_options(args)
-    warn_tau_unused(args.tau, [args.method], spell=as_dashed)
-    out = Path(args.out) if args.out else Path("runs") / f"simulate-{_stamp()}"
-    perf_inputs.check_out_dir(out)
-    result = simulate(
-        args.method,
-        args.workers,
-        args.rounds,
-        args.step_ms / 1e3,
-        heterogeneity=args.heterogeneity,
-        jitter=args.jitter,
-        straggler_probability=args.straggler_probability,
-        straggler_slowdown=args.straggler_slowdown,
-        message_s=args.message_ms / 1e3,
-        service_s=args.service_ms / 1e3,
-        tau=method_tau(args.method, args.tau),
-        seed=args.seed,
-        worker_factors=perf_inputs.worker_factors(args.slow_workers, args.workers),
-    )
-    data = result.to_dict()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "simulate.json", data)
-    plot_staleness(
-        result.staleness,
-        out / "staleness.png",
-        title=f"{args.method}, {args.workers} simulated workers",
-    )
-    print(
-        f"{args.method}: {args.workers} workers x {args.rounds} rounds in "
-        f"{result.elapsed_s:.3f} simulated s; {result.throughput_steps_s:.1f} steps/s, server "
-        f"utilisation {result.server_utilisation:.1%}, mean staleness {result.mean_staleness:.2f}"
-    )
-    print(f"tether: wrote {out}/simulate.json and staleness.png", file=sys.stderr)
-    return 0
-
-
 def add_perf_parsers(sub: Any) -> None:
     """The three subcommands on the ``tether`` parser."""
     calibrate = sub.add_parser(
@@ -360,56 +309,4 @@ def add_perf_parsers(sub: Any) -> None:
     )
     predict.add_argument("--out", metavar="DIR", help="default runs/predict-TIME")
     predict.set_defaults(func=cmd_predict)
-
-    simulate = sub.add_parser(
-        "simulate",
-        help="simulate asynchronous and round-robin methods with stragglers",
-        description="Discrete-event simulation of workers and a parameter server: throughput, "
-        "staleness distribution, server utilisation. Writes OUT/simulate.json and "
-        "staleness.png.",
-    )
-    simulate.add_argument(
-        "--method", default="async-sgd", help="a server or Hogwild method (default async-sgd)"
-    )
-    simulate.add_argument("--workers", type=int, default=64, help="simulated workers (64)")
-    rounds, step_ms, message_ms, service_ms = (
-        SIMULATED_ROUNDS,
-        SIMULATED_STEP_S * 1e3,
-        SIMULATED_MESSAGE_S * 1e3,
-        SIMULATED_SERVICE_S * 1e3,
-    )  # tether.simulate's defaults, in ms
-    simulate.add_argument(
-        "--rounds", type=int, default=rounds, help=f"exchanges per worker ({rounds})"
-    )
-    simulate.add_argument(
-        "--step-ms", type=float, default=step_ms, help=f"mean local step, ms ({step_ms:g})"
-    )
-    simulate.add_argument(
-        "--message-ms", type=float, default=message_ms, help=f"one message, ms ({message_ms:g})"
-    )
-    simulate.add_argument(
-        "--service-ms",
-        type=float,
-        default=service_ms,
-        help=f"the server's work per exchange, ms ({service_ms:g})",
-    )
-    simulate.add_argument("--tau", type=int, help="local steps per exchange (method's default)")
-    simulate.add_argument(
-        "--heterogeneity", type=float, default=0.0, help="workers' speed spread, sigma (0)"
-    )
-    simulate.add_argument("--jitter", type=float, default=0.0, help="per-step spread, sigma (0)")
-    simulate.add_argument(
-        "--straggler-probability", type=float, default=0.0, help="a step straggles (0)"
-    )
-    simulate.add_argument(
-        "--straggler-slowdown", type=float, default=1.0, help="a straggling step x slower (1)"
-    )
-    simulate.add_argument(
-        "--slow-workers",
-        metavar="N:F",
-        type=perf_inputs.slow_workers,
-        help="the first N workers F times slower, e.g. 1:4 (default none)",
-    )
-    simulate.add_argument("--seed", type=int, default=0, help="(0)")
-    simulate.add_argument("--out", metavar="DIR", help="default runs/simulate-TIME")
-    simulate.set_defaults(func=cmd_simulate)
+    add_simulate_parser(sub)

@@ -19,9 +19,10 @@ from torch import nn
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Dataset, TensorDataset
 
-from tether.catalog import infer_shape_and_classes, load_data, task_from_config
+from tether.catalog import load_data, task_from_config
 from tether.config import TrainConfig
 from tether.data.sharding import GlobalBatchSampler, WorkerSampler
+from tether.data.user_data import infer_shape_and_classes
 from tether.errors import TetherError
 from tether.imports import load_object
 from tether.methods import MethodContext, StepTimes, TrainingMethod

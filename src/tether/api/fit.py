@@ -13,7 +13,6 @@ names and import paths (``model="lenet5"``, ``train_data="fashion-mnist"``, ``lo
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import shutil
 import tempfile
@@ -31,7 +30,6 @@ from tether.catalog import (
     check_launch,
     check_names,
     check_stop_at_target,
-    infer_shape_and_classes,
     load_data,
     loss_function,
     method_defaults,
@@ -42,10 +40,12 @@ from tether.catalog import (
 )
 from tether.config import TrainConfig
 from tether.config_sources import resolve_config
+from tether.data.user_data import infer_shape_and_classes
 from tether.errors import TetherError
 from tether.ignored_settings import own_component_keys, warn_ignored, warn_long_warmup
 from tether.methods import METHODS
 from tether.resume_settings import check_kept, saved_config
+from tether.run_names import run_stamp
 from tether.runner import launch_training
 from tether.targets import target_text
 from tether.training.model_parallel import check_plan_on_model, plan_option
@@ -234,7 +234,7 @@ def _config(
         if log != "tensorboard":
             raise TetherError(f"log must be 'tensorboard' or None, got {log!r}")
         values["tensorboard"] = True
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = run_stamp()
     values["out"] = str(out) if out is not None else f"runs/{values['method']}-{stamp}"
     saved = None
     if resume:

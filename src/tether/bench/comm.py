@@ -35,7 +35,6 @@ starts the ranks; :mod:`~tether.bench.comm_spec` holds the conventions they shar
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import re
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tether.bench.comm_spec import ELEMENT_BYTES, OPS, UNITS
 from tether.errors import TetherError, WorkerFailure
+from tether.run_names import run_stamp
 
 if TYPE_CHECKING:  # torch is imported where it is used: `tether --help` need not load it
     pass
@@ -390,5 +390,4 @@ def run_comm_bench(
 
 
 def default_out_dir() -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"bench-comm-{stamp}"
+    return Path("runs") / f"bench-comm-{run_stamp()}"
