@@ -99,8 +99,11 @@ class MetricsLog:
                 file=sys.stderr,
                 flush=True,
             )
-        # a diverged loss is written as null: JSON has no NaN (json_safe)
-        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        try:  # a line per step: the record is walked only when it holds a NaN or an inf
+            line = json.dumps(record, allow_nan=False)
+        except ValueError:  # written as null: JSON has no NaN (json_safe)
+            line = json.dumps(json_safe(record), allow_nan=False)
+        self._file.write(line + "\n")
 
     def flush(self) -> None:
         if self._file is not None:
