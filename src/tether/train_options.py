@@ -72,7 +72,12 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         int,
         "intra-op threads per worker process (0: the node's cores divided among its workers)",
     ),
-    ("--checkpoint-every", "checkpoint_every", int, "write a checkpoint every N steps"),
+    (
+        "--checkpoint-every",
+        "checkpoint_every",
+        int,
+        "write a checkpoint every N steps and at the last",
+    ),
     ("--timeout", "timeout_s", float, "seconds before a silent peer is declared failed"),
     (
         "--optimizer",

@@ -19,8 +19,10 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   step's samples over the whole wall time (the ranks' phase totals summed at the checkpoint;
   original-easgd's workers keep theirs in their shards and report them to the server).
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
-- async-easgd: a resume with nothing left to do leaves the finished run's results as they were
-  (the checkpoint's center; the summary's numbers).
+- async-easgd: the server checkpoints the run's last step (not a multiple of checkpoint_every)
+  once its workers are done, each worker its optimizer at its last step; a resume with nothing
+  left to do leaves the finished run's results as they were (the checkpoint's center; the
+  summary's numbers).
 - async-sgd interrupted at step 8 and resumed: its rounds (every push, 3 workers x 12) and its
   stale gradients dropped count the updates before the checkpoint too.
 - async-easgd with momentum SGD in fp16: every worker keeps its own velocity and loss scale
@@ -168,13 +170,16 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     if rank == 0:
         out["original-easgd"]["resume_stderr"] = said.getvalue()
         out["original-easgd"]["summaries"] = [_summary(base / "original-easgd" / n) for n in RUNS]
-    # async-easgd: 10 steps with a checkpoint at the last, then a resume with nothing to do
+    # async-easgd: 10 steps, checkpoints every 4 and at the last, then a resume with nothing
+    # to do
     run = base / "async-easgd"
-    settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 10}
+    settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 4}
     _train(run, **settings, eval_every=10)
     if rank == 0:
         checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
         out["async-easgd"] = {"step": checkpoint["step"], "center": _flat(checkpoint["model"])}
+        shards = sorted((run / "checkpoint-ranks").iterdir())
+        out["async-easgd"]["shards"] = [torch.load(p, weights_only=True)["step"] for p in shards]
         out["async-easgd"]["finished"] = _summary(run)
     dist.barrier()
     _train(run, **settings, eval_every=10, resume=True)
@@ -304,7 +309,8 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert "warning" not in served["resume_stderr"], served["resume_stderr"]
     _check_whole_run(*served["summaries"], workers=WORLD - 1)
     checkpoint = results["async-easgd"]
-    assert checkpoint["step"] == 10
+    assert checkpoint["step"] == 10  # the run's last step, not a multiple of 4
+    assert checkpoint["shards"] == [10] * (WORLD - 1)  # each worker's optimizer at its last
     assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])
     assert checkpoint["finished"]["rounds"] == 3 * 10  # 3 workers, tau 1
     assert checkpoint["kept"] == checkpoint["finished"]

@@ -13,8 +13,9 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
   one interrupted past its checkpoint whose training data is a plain dataset read through a
   DataLoader (which draws no random number of the run's). The resumed run's summary covers the
   whole run (rounds, and samples over the whole wall time, the time split at least the first
-  part's); a resume with nothing left to do leaves the finished run's summary and metrics as
-  they were.
+  part's). A run checkpoints its last step too, a multiple of checkpoint_every or not; a
+  resume with nothing left to do (a setting it may change changed) leaves the finished run's
+  summary, metrics, config, checkpoint and model as they were.
 """
 
 from __future__ import annotations
@@ -243,12 +244,17 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     # resume: 20 steps at once, or 10, a checkpoint, and 10 more from it
     resumable = _task(scheduler=cosine, model=DropNet)
     _train(base, "whole", resumable, steps=20)
-    part = {"steps": 20, "checkpoint_every": 10}
+    part = {"steps": 20, "checkpoint_every": 8}  # neither run's last step is a multiple
     out["part-first"] = _train(base, "part", resumable, **(part | {"steps": 10}))
+    saved = torch.load(base / "part" / "checkpoint.pt", weights_only=True) if rank == 0 else {}
+    out["part-first-checkpoint"] = saved.get("step")
     out["part-resumed"] = _train(base, "part", resumable, **part, resume=True)
-    metrics = (base / "part" / "metrics.jsonl").read_text() if rank == 0 else ""
-    out["part-again"] = _train(base, "part", resumable, **part, resume=True)  # nothing left
-    out["part-metrics-kept"] = (base / "part" / "metrics.jsonl").read_text() == metrics
+    kept = ("metrics.jsonl", "config.toml", "checkpoint.pt", "model.pt")
+    files = [(base / "part" / n).read_bytes() for n in kept] if rank == 0 else []
+    # nothing left to do, with a setting a resume may change: every file stays as it was
+    out["part-again"] = _train(base, "part", resumable, **part, resume=True, timeout_s=29.0)
+    if rank == 0:
+        out["part-files-kept"] = files == [(base / "part" / n).read_bytes() for n in kept]
     # The same with a named schedule (warm-up, then cosine over the run's 20 steps): the
     # interrupted run stops at its step-10 evaluation (a target it meets at once) with its
     # last checkpoint at step 5, and the resumed run goes on from there to step 20.
@@ -413,8 +419,10 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert part["samples_per_s"] * part["wall_time_s"] == pytest.approx(samples)
     assert all(part["time_split_s"][k] >= v > 0 for k, v in first["time_split_s"].items())
     assert part["comm_fraction"] > 0
+    # each run checkpointed its last step: the resume went on from step 10, not 8
+    assert summaries["part-first-checkpoint"] == 10
     assert summaries["part-again"] == part  # finished: kept as it was
-    assert summaries["part-metrics-kept"]
+    assert summaries["part-files-kept"] is True
     named_whole, named_resumed = (
         _weights(tmp_path / n / "model.pt") for n in ("named-whole", "named-part")
     )

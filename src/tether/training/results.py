@@ -4,8 +4,6 @@ model parallelism), both written atomically by rank 0."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,31 +90,3 @@ def write_results(
     """model.pt and summary.json; ``progress`` as in :func:`tether.training.checkpoint.save_checkpoint`."""
     atomic_write(run_dir / "model.pt", lambda handle: torch.save(model_state, handle), progress)
     atomic_write_json(run_dir / "summary.json", summary)
-
-
-def keeps_finished(config: TrainConfig, record: RunRecord, total_steps: int) -> bool:
-    """Whether a resumed run leaves the results in its directory as they are: it had nothing
-    left to do (its checkpoint is at its last step) and the run finished there, with a summary
-    of that step that does not say it failed. Rewritten, the summary would time the resume
-    alone (nothing) and the model would be saved again; a run that crashed before it wrote them
-    writes them as usual. Says so on stderr."""
-    step, run_dir = record.start_step, Path(str(config.out))
-    if not config.resume or step < total_steps:
-        return False
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    finished = (
-        isinstance(summary, dict)
-        and summary.get("steps") == step
-        and summary.get("status") != "failed"
-        and (run_dir / "model.pt").exists()
-    )
-    if finished:
-        print(
-            f"tether: {run_dir} finished at step {step}: nothing left to do, its results are "
-            "kept as they were",
-            file=sys.stderr,
-        )
-    return finished

@@ -16,7 +16,12 @@ The workers of the asynchronous methods (no shard of their own: they restart fro
 weights, and their schedules follow the global step) keep their local optimizer and fp16 loss
 scale in theirs, saved every ``checkpoint_every`` of their own steps: a resume with the same ranks
 gives each worker its last one back (of its own step, which no other rank's needs to match, as
-these methods never line their workers up)."""
+these methods never line their workers up).
+
+A run that checkpoints also checkpoints its last step (the trainer; a server once its workers
+are done), whether or not it is a multiple of ``checkpoint_every``: a finished run resumed has
+nothing left to do and keeps its results (training.results.keeps_finished), and one resumed
+with more steps goes on from its end rather than running its last steps again."""
 
 from __future__ import annotations
 
@@ -78,6 +83,9 @@ class RunCheckpoints:
         self.progress: Callable[[], None] | None = None
         # The first step at which such a worker saves its shard (moved on by a resume).
         self.next_own = next_multiple(0, every) if every else 0
+        # The step of the last checkpoint written or resumed from (None: none yet), so that
+        # the run's last step is saved once (save_last).
+        self.saved_step: int | None = None
 
     @property
     def takes_part(self) -> bool:
@@ -91,6 +99,7 @@ class RunCheckpoints:
         # Every rank's phase totals, summed (rank 0 alone writes them); a server's workers keep
         # theirs in their shards (the server is serving: no collective).
         summed = None if self.served else self.totals.all_reduced(self.world.all_reduce)
+        self.saved_step = step
         if not self.takes_part:
             return
         own_model = self.method.model.state_dict()
@@ -130,14 +139,15 @@ class RunCheckpoints:
             own["totals"] = self.totals.as_tensor()
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
-    def save_own_when_due(self, step: int, consistent: bool) -> None:
+    def save_own_when_due(self, step: int, consistent: bool, last: bool = False) -> None:
         """A server's worker keeping its own state, after a step the method calls consistent
         (``consistent``: ``shard_after``): its shard at the first such step at or after each
         checkpoint multiple, which is where the server checkpoints (ServerProgress, at round
-        ends). An asynchronous worker's optimizer and loss scale: after any step, likewise."""
+        ends), and at its ``last`` step, where the server checkpoints the run's end. An
+        asynchronous worker's optimizer and loss scale: after any step, likewise."""
         if not (consistent or self.optimizer_only):
             return
-        if self.every and step >= self.next_own:
+        if self.every and (step >= self.next_own or last):
             self.save_own(step)
             self.next_own = next_multiple(step, self.every)
 
@@ -145,6 +155,7 @@ class RunCheckpoints:
         """Load the model and the method's state from a checkpoint (collective: every rank
         calls it); the run's record as it was."""
         step = int(state["step"])
+        self.saved_step = step
         if self.every:
             self.next_own = next_multiple(step, self.every)
         shard = None

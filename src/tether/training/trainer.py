@@ -29,13 +29,11 @@ from tether.data.sharding import GlobalBatchSampler
 from tether.errors import WorkerFailure
 from tether.methods import Placement, Role, TrainingMethod
 from tether.methods.ps_method import ServerMethod
-from tether.observe.files import atomic_write_text
 from tether.observe.joined import mark_joined
-from tether.observe.metrics import MetricsLog, PhaseTotals, truncate_metrics
+from tether.observe.metrics import PhaseTotals
 from tether.observe.progress import progress_bar
 from tether.observe.pulse_mark import start_pulse, stop_watching
 from tether.observe.step_trace import StepTracer
-from tether.observe.tensorboard import open_tensorboard
 from tether.observe.timeline import (
     clear_rank_file,
     get_timeline,
@@ -53,8 +51,9 @@ from tether.training.faults import maybe_inject_fault, send_fault
 from tether.training.method_optimizer import MethodOptimizer
 from tether.training.model_parallel import build_grid
 from tether.training.objective import Evaluated, Objective
-from tether.training.results import keeps_finished, run_summary, write_results
+from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
+from tether.training.run_files import open_run_files
 from tether.training.run_log import StepLog, record_evaluation
 from tether.training.run_record import RunRecord
 from tether.training.scoring import Scoring
@@ -154,19 +153,8 @@ class Trainer:
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
         # A finished run resumed with nothing left to do: its results and metrics stand.
-        self.kept = self.is_writer and keeps_finished(self.config, self.record, self.total_steps)
-        if self.is_writer:
-            atomic_write_text(self.run_dir / "config.toml", self.config.to_toml())
-            if self.config.resume and not self.kept:
-                # Steps after the checkpoint were lost with the crash; they will be run again.
-                truncate_metrics(self.run_dir / "metrics.jsonl", self.record.start_step)
-            if self.config.tensorboard:
-                self.tensorboard = open_tensorboard(
-                    self.run_dir / "tensorboard", self.record.start_step
-                )
-        self.metrics = MetricsLog(
-            self.run_dir / "metrics.jsonl" if self.is_writer else None, append=self.config.resume
-        )
+        files = open_run_files(self.config, self.record, self.total_steps, self.is_writer)
+        self.metrics, self.tensorboard, self.kept = files.metrics, files.tensorboard, files.kept
         self.t0 = time.perf_counter()
         try:
             with self.step_tracer.timing_updates():
@@ -246,6 +234,8 @@ class Trainer:
         extra = result.summary_extra()
         if failure is not None:
             extra = {**extra, "status": "failed", "error": str(failure)}
+        if failure is None and last >= self.total_steps and self.checkpoints.saved_step != last:
+            self._checkpoint(last)  # the run's end (its workers saved theirs at their last step)
         with self.scoring.busy():
             self._write_results(last, result.totals, model_state, extra)
         stop_watching()  # written: the timeline's merge (no beats, minutes for a long trace) is not
@@ -315,14 +305,17 @@ class Trainer:
                 if self.has_server:  # the server evaluates and checkpoints
                     method = self.method
                     if isinstance(method, ServerMethod):
-                        self.checkpoints.save_own_when_due(step, method.shard_after(step))
+                        self.checkpoints.save_own_when_due(
+                            step, method.shard_after(step), last=step == self.total_steps
+                        )
                     continue
                 if step % self.eval_every == 0 or step == self.total_steps:
                     log.evaluated(self._evaluate(step))
                     if config.stop_at_target and self.record.time_to_target is not None:
                         break
-                if config.checkpoint_every and step % config.checkpoint_every == 0:
-                    self._checkpoint(step)
+                every = config.checkpoint_every
+                if every and (step % every == 0 or step == self.total_steps):
+                    self._checkpoint(step)  # the last step too: see training.run_checkpoints
         finally:
             bar.close()
         return step
@@ -373,6 +366,8 @@ class Trainer:
         return full_state_dict(model) if self.grid is not None else model.state_dict()
 
     def _checkpoint(self, step: int) -> None:
+        if not self.config.checkpoint_every:
+            return
         with self.timeline.span("checkpoint", "checkpoint", step=step), self.scoring.busy():
             self.checkpoints.save(step, self.record, self._elapsed(), self.metrics.flush)
 
