@@ -13,9 +13,10 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
   one interrupted past its checkpoint whose training data is a plain dataset read through a
   DataLoader (which draws no random number of the run's). The resumed run's summary covers the
   whole run (rounds, and samples over the whole wall time, the time split at least the first
-  part's). A run checkpoints its last step too, a multiple of checkpoint_every or not; a
-  resume with nothing left to do (a setting it may change changed) leaves the finished run's
-  summary, metrics, config, checkpoint and model as they were.
+  part's) and times the target it runs with, not the checkpoint's. A run checkpoints its last
+  step too, a multiple of checkpoint_every or not; a resume with nothing left to do (a setting
+  it may change changed) leaves the finished run's summary, metrics, config, checkpoint and
+  model as they were.
 """
 
 from __future__ import annotations
@@ -245,10 +246,12 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     resumable = _task(scheduler=cosine, model=DropNet)
     _train(base, "whole", resumable, steps=20)
     part = {"steps": 20, "checkpoint_every": 8}  # neither run's last step is a multiple
-    out["part-first"] = _train(base, "part", resumable, **(part | {"steps": 10}))
+    first = {"steps": 10, "target": "loss<=100"}  # reached at the first evaluation
+    out["part-first"] = _train(base, "part", resumable, **(part | first))
     saved = torch.load(base / "part" / "checkpoint.pt", weights_only=True) if rank == 0 else {}
     out["part-first-checkpoint"] = saved.get("step")
-    out["part-resumed"] = _train(base, "part", resumable, **part, resume=True)
+    # resumed with another target, which no evaluation reaches
+    out["part-resumed"] = _train(base, "part", resumable, **part, target="loss<=0", resume=True)
     kept = ("metrics.jsonl", "config.toml", "checkpoint.pt", "model.pt")
     files = [(base / "part" / n).read_bytes() for n in kept] if rank == 0 else []
     # nothing left to do, with a setting a resume may change: every file stays as it was
@@ -419,6 +422,9 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert part["samples_per_s"] * part["wall_time_s"] == pytest.approx(samples)
     assert all(part["time_split_s"][k] >= v > 0 for k, v in first["time_split_s"].items())
     assert part["comm_fraction"] > 0
+    # the time to target is the resumed run's target's (not reached), not the first part's
+    assert first["time_to_target_s"] is not None
+    assert part["target"] == "loss<=0" and part["time_to_target_s"] is None
     # each run checkpointed its last step: the resume went on from step 10, not 8
     assert summaries["part-first-checkpoint"] == 10
     assert summaries["part-again"] == part  # finished: kept as it was

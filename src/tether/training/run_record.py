@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.targets import Target
+
 
 @dataclass
 class RunRecord:
@@ -41,3 +43,15 @@ class RunRecord:
             eval_s=float(state.get("eval_s", 0.0)),
             time_to_target=state["time_to_target_s"],
         )
+
+    def retarget(self, target: Target | None) -> None:
+        """The time to ``target`` as the history reached it: a resume may change the target
+        (or drop it), and the checkpoint's time is the time to the target it was made under."""
+        self.time_to_target = None
+        if target is None:
+            return
+        for entry in self.history:
+            value = entry.get(f"test_{target.metric}")
+            if value is not None and target.reached(value):
+                self.time_to_target = entry["time_s"]
+                return

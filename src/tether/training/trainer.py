@@ -144,6 +144,7 @@ class Trainer:
         self.record = RunRecord()
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
+            self.record.retarget(config.target_spec)
         self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
