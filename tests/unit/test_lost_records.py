@@ -94,3 +94,12 @@ def test_a_finished_run_resumed_keeps_its_loss_listed_once(tmp_path: Path) -> No
     (kept,) = written["lost_workers"]
     assert kept["record"].startswith(f"{LOST_DIR}/before-resume-")
     assert (tmp_path / kept["record"]).is_file()
+
+
+def test_a_run_that_lost_nobody_leaves_no_lost_directory(tmp_path: Path) -> None:
+    # lost/ held the supervisors' marks while the run lasted; every server run left it behind
+    (tmp_path / LOST_DIR).mkdir()
+    (tmp_path / LOST_DIR / SERVER_FINISHED).touch()
+    (tmp_path / LOST_DIR / ".joined-rank-1").touch()
+    _record_lost_workers(tmp_path)
+    assert not (tmp_path / LOST_DIR).exists()

@@ -210,9 +210,11 @@ def _append(log: Path, text: str) -> None:
 
 def _record_lost_workers(run_dir: Path) -> None:
     """After a run that carried on: how each lost worker ended goes into summary.json, and its
-    traceback into failures.log; after a resume, those of the attempts before it too."""
+    traceback into failures.log; after a resume, those of the attempts before it too. With
+    none, ``lost/`` held only the supervisors' marks while the run lasted: it goes."""
     records, earlier = read_lost_records(run_dir), read_earlier_records(run_dir)
     if not records and not earlier:
+        shutil.rmtree(run_dir / LOST_DIR, ignore_errors=True)
         return
     (run_dir / "failures.log").write_text(failures_text(earlier + records))
     path = run_dir / "summary.json"
