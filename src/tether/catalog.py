@@ -10,6 +10,7 @@ settings the chosen method ignores).
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -324,11 +325,15 @@ def model_factory(
             f"model {config.model!r} is a {type(model).__name__}: give an nn.Module, an nn.Module "
             "class or a function returning one"
         )
+    if config.model == "mlp" and shape and classes is not None:
+        shape = (1, 1, math.prod(shape))  # it flattens its input: features of any shape fit
     if len(shape) != 3 or classes is None:
         raise TetherError(
-            f"built-in model {config.model!r} needs images (C, H, W) with class labels; the data "
-            f"set {config.dataset!r} has samples of shape {shape or 'unknown'}: give your own "
-            "model as an import path (--model mypkg.nets:build)"
+            f"built-in model {config.model!r} needs images (C, H, W) with class labels (mlp: "
+            f"samples of any shape with class labels); the data set {config.dataset!r} has "
+            f"{'samples of shape ' + str(shape) if shape else 'samples of unknown shape'}"
+            f"{'' if classes is not None else ' and no class labels'}: give your own model as "
+            "an import path (--model mypkg.nets:build)"
         )
     c, h, w = shape
     return partial(build_model, config.model, (c, h, w), classes)

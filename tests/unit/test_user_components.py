@@ -427,6 +427,9 @@ def test_import_paths_resolve_on_the_working_directory(
     assert infer_shape_and_classes(task.train_data) == ((4,), 2)
     with pytest.raises(TetherError, match="built-in model 'lenet5' needs images"):
         task_from_config(TrainConfig(model="lenet5", dataset="mytask:load"))
+    # the MLP flattens its input: rows of 4 features fit it (it refused them as not images)
+    mlp = task_from_config(TrainConfig(model="mlp", dataset="mytask:load")).build_model()
+    assert mlp(torch.randn(3, 4)).shape == (3, 2)
 
 
 def test_a_list_of_samples_is_a_data_set_of_its_own(tmp_path: Path) -> None:
