@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 
 import tomli_w
 
-from tether.errors import TetherError
+from tether.errors import SettingError, TetherError
 from tether.targets import Target, parse_target
 
 MAX_COUNT = 2**40  # steps, epochs, batch sizes...: more than any run does (message headers' bound)
@@ -374,6 +374,8 @@ def _check_magnitudes(config: TrainConfig) -> None:
                 _require(abs(value) <= MAX_COUNT, f"{field.name} must be below 2**40, got {value}")
 
 
+_FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
+
 # The settings that take one of a few names.
 _CHOICES: dict[str, Iterable[str]] = {
     "backend": BACKENDS,
@@ -393,5 +395,10 @@ def _one_of(names: Iterable[str]) -> str:
 
 
 def _require(ok: bool, message: str) -> None:
+    """Refuse a value: a message that begins with a setting's key names it (SettingError), so
+    that the command line can say it as its option."""
     if not ok:
+        key = message.split(" ", 1)[0]
+        if key in _FIELD_NAMES:
+            raise SettingError(key, message)
         raise TetherError(message)

@@ -11,6 +11,20 @@ class TetherError(Exception):
     """A user error: the message says what was wrong and how to fix it, in one line."""
 
 
+class SettingError(TetherError):
+    """A setting's value refused: the message begins with its config key (``key``), which a
+    command line says as the option the user typed (``--checkpoint-every must be >= 0``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+    def respelled(self, said: str) -> TetherError:
+        """The same refusal with its key said as ``said``."""
+        text = str(self)
+        return TetherError(said + text[len(self.key) :] if text.startswith(self.key) else text)
+
+
 def first_line(exc: BaseException) -> str:
     """``exc`` as one line of a TetherError's message: its type and its message's first line
     (a user's component that failed, without its traceback)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options
-from tether.errors import TetherError
+from tether.errors import SettingError, TetherError
 from tether.resume_settings import check_kept, saved_config
 
 # (flag, config key, type, help). Every option defaults to "not given" so that only explicit
@@ -271,7 +271,12 @@ def config_from_args(
     if world_size is not None:
         method = overrides.get("method", (base or TrainConfig()).method)
         overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
-    config = resolve_config(None, overrides, base)
+    try:
+        config = resolve_config(None, overrides, base)
+    except SettingError as refused:  # said as the option typed, where it was one
+        if hasattr(args, refused.key) and refused.key in _FLAG_OF:
+            raise refused.respelled(_FLAG_OF[refused.key]) from None
+        raise
     if base is not None:
         # e.g. another --lr, which torch would undo; not one an --optimizer import path ignores
         check_kept(base, config, args.resume, own_component_keys(config))

@@ -24,10 +24,16 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--method", "sgd"], "unknown method 'sgd'; valid methods: "),
         (["--model", "vgg"], "unknown model 'vgg'; valid models: "),
         (["--dataset", "imagenet"], "unknown dataset 'imagenet'; valid datasets: "),
-        (["--workers", "0"], "workers must be >= 1"),
-        (["--batch-size", "0"], "batch_size must be >= 1"),
-        (["--lr", "0"], "lr must be > 0"),
-        (["--lr", "-0.1"], "lr must be > 0"),
+        # a value refused is named as the option typed (it was the config key: batch_size)
+        (["--workers", "0"], "error: --workers must be >= 1"),
+        (["--batch-size", "0"], "error: --batch-size must be >= 1"),
+        (["--lr", "0"], "error: --lr must be > 0"),
+        (["--lr", "-0.1"], "error: --lr must be > 0"),
+        (["--checkpoint-every", "-1"], "error: --checkpoint-every must be >= 0, got -1"),
+        (["--timeout", "0"], "error: --timeout must be >= 1 s"),
+        (["--precision", "fp8"], "error: --precision must be fp32, bf16 or fp16, got 'fp8'"),
+        # ... and as the key where the user wrote the key
+        (["--set", "eval_every=-2"], "error: eval_every must be >= 0, got -2"),
         (
             ["--set", "learning_rate=0.1"],
             "unknown config key 'learning_rate' (did you mean 'lr'?); valid keys:",
@@ -58,6 +64,13 @@ def test_corrupt_idx_file_is_named(capsys, tmp_path: Path) -> None:
     assert "corrupt IDX file" in line and "idx3-ubyte" in line
 
 
+def test_a_config_file_value_is_named_by_its_key(capsys, tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("checkpoint_every = -1\n")
+    line = _error_line(capsys, ["train", "--config", str(config)])
+    assert line == "tether: error: checkpoint_every must be >= 0, got -1"
+
+
 def test_unparsable_config_file(capsys, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("workers = [\n")
@@ -67,7 +80,7 @@ def test_unparsable_config_file(capsys, tmp_path: Path) -> None:
 def test_console_entry_prints_no_traceback() -> None:
     result = run_cli("train", "--workers", "0", timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == "tether: error: workers must be >= 1, got 0"
+    assert result.stderr.strip() == "tether: error: --workers must be >= 1, got 0"
     assert "Traceback" not in result.stderr
 
 
