@@ -202,6 +202,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     }
     out.mkdir(parents=True, exist_ok=True)
     plot_breakdown(rows, out / "breakdown.png", title=f"{config.model} on {profile.name}")
+    # an earlier prediction's curves beside this one's numbers would be read as this one's
+    (out / "scaling.png").unlink(missing_ok=True)
     if args.scaling:
         curves = {}
         ends = []

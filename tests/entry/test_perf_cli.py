@@ -58,6 +58,11 @@ def test_predict_on_a_built_in_profile_with_the_scaling_curve(capsys, tmp_path: 
     argv[argv.index("--out") + 1] = str(tmp_path / "q")
     assert main([*argv, "--batch-size", "16"]) == 0
     assert "note:" not in capsys.readouterr().out  # a batch the user gave is what they asked
+    # predicted again into the same directory without a curve: the old curves go (they were
+    # left beside the new numbers)
+    assert main([*argv[: argv.index("--scaling")], "--out", str(out)]) == 0
+    assert "scaling" not in json.loads((out / "predict.json").read_text())
+    assert not (out / "scaling.png").exists()
 
 
 def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> None:
