@@ -79,10 +79,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"run directory {config.out}",
         file=sys.stderr,
     )
-    launch_training(config, overwrite=args.overwrite)
     assert config.out is not None  # config_from_args names a run directory when none is given
-    print(run_summary_text(Path(config.out)))
+    out = Path(config.out)
+    try:
+        launch_training(config, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        print(f"tether: interrupted{_resume_hint(out)}", file=sys.stderr)
+        return 130
+    except WorkerFailure as failure:
+        raise WorkerFailure(f"{failure}{_resume_hint(out)}", failure.ranks) from None
+    print(run_summary_text(out))
     return 0
+
+
+def _resume_hint(out: Path) -> str:
+    """How to go on with a run that ended early, where it left a checkpoint to go on from."""
+    from tether.training.checkpoint import CHECKPOINT_NAME  # torch: loaded by the run anyway
+
+    if not (out / CHECKPOINT_NAME).exists():
+        return ""
+    return f"; it can go on from its last checkpoint: tether train --resume {out}"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -70,12 +70,27 @@ KEPT = (
 KEPT_BY_METHOD = {"two-level-easgd": ("ranks_per_node",)}
 
 
-def saved_config(run_dir: Path) -> TrainConfig:
-    """The config of the run in ``run_dir``, the base of its resume."""
+# An attempt's, not the run's: a fault injected into the run that crashed is not injected again
+# into its resume (it would fail at the same step every time).
+ATTEMPT_ONLY = {"fault_rank": -1, "fault_step": 0, "fault_kind": "raise"}
+
+
+def saved_config(run_dir: Path, given: Iterable[str] = ()) -> TrainConfig:
+    """The config of the run in ``run_dir``, the base of its resume, whose own settings are
+    ``given`` (their keys). A length given in epochs alone replaces the run's: a run of
+    ``steps`` would otherwise keep them (steps, once set, win over epochs)."""
+    if not run_dir.is_dir():
+        raise TetherError(f"cannot resume {run_dir}: no such directory (the run to continue)")
     path = run_dir / "config.toml"
     if not path.exists():
-        raise TetherError(f"cannot resume: {path} does not exist (not a Tether run dir?)")
-    return apply_overrides(TrainConfig(), load_toml(path))
+        raise TetherError(
+            f"cannot resume {run_dir}: it holds no config.toml, so no Tether run (a run writes "
+            "it as it starts)"
+        )
+    saved = {**load_toml(path), **ATTEMPT_ONLY}
+    if "epochs" in given and "steps" not in given:
+        saved.pop("steps", None)
+    return apply_overrides(TrainConfig(), saved)
 
 
 def check_kept(

@@ -250,7 +250,7 @@ def config_from_args(
     overrides = dict(given_values(args) if given is None else given)
     base = None
     if args.resume is not None:
-        base = saved_config(args.resume)
+        base = saved_config(args.resume, overrides)
         for key in ("method", "model"):
             asked = getattr(args, key, None)
             if asked is not None and asked != getattr(base, key):

@@ -39,7 +39,7 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
             "unknown config key 'learning_rate' (did you mean 'lr'?); valid keys:",
         ),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
-        (["--resume", "/nonexistent"], "cannot resume: /nonexistent/config.toml does not exist"),
+        (["--resume", "/nonexistent"], "cannot resume /nonexistent: no such directory"),
     ],
 )
 def test_bad_options(capsys, argv: list[str], message: str) -> None:

@@ -97,6 +97,32 @@ def test_the_runs_own_values_and_what_a_resume_may_change_pass(tmp_path: Path) -
     assert (config.lr, config.optimizer) == (0.07, "adamw")  # the run's, not the defaults
 
 
+def test_a_length_in_epochs_replaces_the_runs_steps(tmp_path: Path) -> None:
+    """A run of --steps 40 resumed with --epochs 4 kept its 40 steps (steps win over epochs)
+    and said it had nothing left to do."""
+    run = _run(tmp_path)  # steps 40
+    config = _resume(run, "--epochs", "4")
+    assert (config.steps, config.epochs) == (None, 4)
+    assert _resume(run, "--epochs", "4", "--steps", "50").steps == 50  # both: steps, as always
+    assert _resume(run).steps == 40
+    fit_run = _run(tmp_path / "fit", model="Linear", dataset="TensorDataset")
+    assert (_fit_config(fit_run, epochs=4).steps, _fit_config(fit_run).steps) == (None, 40)
+
+
+def test_a_fault_injected_into_the_run_is_not_injected_into_its_resume(tmp_path: Path) -> None:
+    run = _run(tmp_path, fault_rank=1, fault_step=25, fault_kind="hang")
+    config = _resume(run)
+    assert (config.fault_rank, config.fault_step, config.fault_kind) == (-1, 0, "raise")
+    assert _resume(run, "--set", "fault_rank=0", "--set", "fault_step=3").fault_step == 3
+
+
+def test_a_directory_that_is_not_a_run_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(TetherError, match=r"cannot resume \S+missing: no such directory"):
+        _resume(tmp_path / "missing")
+    with pytest.raises(TetherError, match=r"cannot resume \S+: it holds no config\.toml"):
+        _resume(tmp_path)
+
+
 def test_two_level_easgd_keeps_its_nodes(tmp_path: Path) -> None:
     run = _run(tmp_path, method="two-level-easgd", workers=4, ranks_per_node=2)
     with pytest.raises(TetherError, match="ranks_per_node 4: the run has ranks_per_node 2"):

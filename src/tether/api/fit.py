@@ -244,7 +244,7 @@ def _config(
         # the run's config is the base, as under `tether train --resume`: what the call leaves
         # out is the run's (its batch, which a method held, is not worked out again for another
         # worker count, with its rate, mid-run), and what the checkpoint was made under stays
-        saved = saved_config(Path(out))
+        saved = saved_config(Path(out), values)
     values.setdefault("progress", False)  # a library call: no progress bar unless asked
     config = resolve_config(None, values, base=saved, method_defaults=method_defaults)
     own = {

@@ -75,9 +75,14 @@ def check_run_dir(
         raise TetherError(f"--out {out} is a file, not a directory: choose another --out")
     if config.resume:
         if not (out / CHECKPOINT_NAME).exists():
+            why = (
+                "it ended before its first checkpoint"
+                if config.checkpoint_every
+                else f"it saved none (a run saves one with {both_ways(checkpoint_every='N')})"
+            )
             raise TetherError(
-                f"cannot resume {out}: it holds no {CHECKPOINT_NAME} (runs save one with "
-                "--checkpoint-every N); nothing was changed"
+                f"cannot resume {out}: it holds no {CHECKPOINT_NAME}, {why}; nothing was "
+                f"changed: start it again with --overwrite (overwrite=True in Python)"
             )
         state = validate_checkpoint(out / CHECKPOINT_NAME, config)
         if model is not None:
