@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     samples = check_data(config)
     check_launch(config, spell=as_flag)
     check_stop_at_target(config)
-    model = None
+    model, task = None, None
     if uses_import_paths(config) or config.model_parallel > 1 or config.resume:
         task = task_from_config(config)
         model = unseeded_model(task)  # built once, for every check below
@@ -69,7 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if samples is not None:
         warn_long_warmup(config, samples, spell=as_flag)
     # before anything is printed or launched; a resumed checkpoint against the model's shapes
-    check_run_dir(config, args.overwrite, model if config.resume else None)
+    check_run_dir(config, args.overwrite, model if config.resume else None, task)
     processes = config.workers + METHODS.get(config.method).server_processes
     groups = f" in model groups of {config.model_parallel}" if config.model_parallel > 1 else ""
     print(

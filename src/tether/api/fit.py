@@ -148,7 +148,7 @@ def fit(
         warn_long_warmup(config, len(task.train_data), supplied)
     run_dir = Path(str(config.out))
     # before the task is written: nothing to undo (a resumed checkpoint against the model)
-    check_run_dir(config, overwrite, model if config.resume else None)
+    check_run_dir(config, overwrite, model if config.resume else None, task)
     scratch = Path(tempfile.mkdtemp(prefix="tether-fit-"))  # private (0700): holds the task
     try:
         task_file = scratch / "task.pickle"

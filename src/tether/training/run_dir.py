@@ -24,6 +24,8 @@ from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.spelling import both_ways
 from tether.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR
+from tether.training.resumed_state import check_resumed_state
+from tether.training.task import Task
 
 # What a run (or a comparison) writes; --overwrite removes these and nothing else.
 RUN_FILES = (
@@ -61,11 +63,15 @@ def prepare_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
 
 
 def check_run_dir(
-    config: TrainConfig, overwrite: bool = False, model: nn.Module | None = None
+    config: TrainConfig,
+    overwrite: bool = False,
+    model: nn.Module | None = None,
+    task: Task | None = None,
 ) -> Path:
     """Every check of :func:`prepare_run_dir`, changing nothing but creating the directory;
     with ``model`` (the run's, unsharded), a resumed checkpoint's weights are checked against
-    its parameters' names and shapes too."""
+    its parameters' names and shapes too, and with the ``task`` as well, the optimizer and
+    schedule it builds against the checkpoint's (:mod:`tether.training.resumed_state`)."""
     if config.out is None or not str(config.out).strip():
         raise TetherError("--out is empty: name the run directory (e.g. --out runs/mine)")
     out = Path(config.out)
@@ -87,6 +93,8 @@ def check_run_dir(
         state = validate_checkpoint(out / CHECKPOINT_NAME, config)
         if model is not None:
             check_model_state(out / CHECKPOINT_NAME, state["model"], model)
+            if task is not None:
+                check_resumed_state(out, state, config, task, model)
     elif out.exists() and any(out.iterdir()) and not overwrite:
         what = "holds a run" if holds_run(out) else "is not empty"
         raise TetherError(
