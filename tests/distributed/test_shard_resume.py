@@ -4,7 +4,8 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
 
 - Per-rank shards: sync-easgd, local-sgd and two-level-easgd (2 nodes of 2) checkpoint every
   rank's own replica and optimizer. A run interrupted after its checkpoint at step 20 (it stops
-  at its step-25 evaluation, as a crash at step 25 would leave it) and resumed ends bitwise equal
+  at its step-25 evaluation, as a crash at step 25 would leave it: without the checkpoint of the
+  step a run stops at) and resumed ends bitwise equal
   to the uninterrupted run, with the same test metrics. The averaging period (tau 3) puts the
   checkpoint between two averagings, where the replicas differ: a resume from one replica (the
   center, or rank 0's) would not give the same weights. The model has dropout and in training
@@ -23,8 +24,9 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   once its workers are done, each worker its optimizer at its last step; a resume with nothing
   left to do leaves the finished run's results as they were (the checkpoint's center; the
   summary's numbers).
-- async-sgd interrupted at step 8 and resumed: its rounds (every push, 3 workers x 12) and its
-  stale gradients dropped count the updates before the checkpoint too.
+- async-sgd stopped at its target at step 8 checkpoints there (its end, not a multiple of
+  checkpoint_every) and, resumed without the target, goes on to step 12: its rounds (every push,
+  3 workers x 12) and its stale gradients dropped count the updates before the checkpoint too.
 - async-easgd with momentum SGD in fp16: every worker keeps its own velocity and loss scale
   across a resume (they started afresh before: momentum from zero, the scale from its initial
   value), and its schedule starts at the checkpoint's step, however far (hogwild-easgd's too).
@@ -39,6 +41,7 @@ import json
 import random
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -53,6 +56,7 @@ from tether.config import TrainConfig
 from tether.methods import METHODS, Placement
 from tether.metrics import accuracy
 from tether.training.checkpoint import shard_path
+from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.task import Task
 from tether.training.trainer import Trainer, WorkerRuntime
 
@@ -122,6 +126,23 @@ def _train(run: Path, optimizer: Any = None, scheduler: Any = None, **change: An
     return trainer
 
 
+def _stopped_as_by_a_crash(run: Path, **settings: Any) -> None:
+    """A run that stops at its evaluation at step 25 (a target it meets at once) as a crash
+    there would leave it: without the checkpoint a run saves at the step it stops at (the
+    server's, and a server's workers' own), so its last checkpoint is the one at step 20."""
+    own = RunCheckpoints.save_own_when_due
+
+    def periodic_only(self: RunCheckpoints, step: int, last: bool = False) -> None:
+        if not last:
+            own(self, step)
+
+    with (
+        mock.patch.object(Trainer, "_checkpoint_end", lambda self, step: None),
+        mock.patch.object(RunCheckpoints, "save_own_when_due", periodic_only),
+    ):
+        _train(run, **settings, target="loss<=100", stop_at_target=True)
+
+
 def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     """This module's part of the 4-rank group (tests/distributed/conftest.py)."""
     base = Path(root) / "shard-resume"
@@ -133,7 +154,7 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
         if method == "sync-easgd" and rank == 0:
             out["sync-easgd-center"] = trainer.method.center.clone()  # type: ignore[attr-defined]
         interrupted = base / method / "interrupted"
-        _train(interrupted, **common, target="loss<=100", stop_at_target=True)
+        _stopped_as_by_a_crash(interrupted, **common)
         if rank == 0:
             checkpoint = torch.load(interrupted / "checkpoint.pt", weights_only=True)
             shards = sorted((interrupted / "checkpoint-ranks").iterdir())
@@ -152,7 +173,7 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     common |= {"eval_every": STOP, "checkpoint_every": CHECKPOINT_EVERY}
     _train(base / "original-easgd" / "whole", **common)
     interrupted = base / "original-easgd" / "interrupted"
-    _train(interrupted, **common, target="loss<=100", stop_at_target=True)
+    _stopped_as_by_a_crash(interrupted, **common)
     if rank == 0:
         checkpoint = torch.load(interrupted / "checkpoint.pt", weights_only=True)
         shards = sorted((interrupted / "checkpoint-ranks").iterdir())
@@ -185,14 +206,16 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     _train(run, **settings, eval_every=10, resume=True)
     if rank == 0:
         out["async-easgd"]["kept"] = _summary(run)
-    # async-sgd, every stale gradient dropped: stopped at its evaluation at step 8 (its
-    # checkpoint there), then resumed to step 12
+    # async-sgd, every stale gradient dropped: stopped at its evaluation at step 8 (the server
+    # checkpoints there, the run's end, though every 5 is due at 10), then resumed without the
+    # target to step 12
     run = base / "async-sgd"
-    settings = {"method": "async-sgd", "steps": 12, "tau": 1, "checkpoint_every": 4}
+    settings = {"method": "async-sgd", "steps": 12, "tau": 1, "checkpoint_every": 5}
     settings |= {"staleness_bound": 0, "eval_every": 8}
     _train(run, **settings, target="loss<=100", stop_at_target=True)
     if rank == 0:
         out["async-sgd"] = {"saved": torch.load(run / "checkpoint.pt", weights_only=True)}
+        out["async-sgd"]["stopped"] = _summary(run)
     dist.barrier()
     _train(run, **settings, resume=True)
     if rank == 0:
@@ -316,7 +339,8 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert checkpoint["kept"] == checkpoint["finished"]
     pushed = results["async-sgd"]
     saved, summary = pushed["saved"], pushed["summary"]
-    assert saved["step"] == 8 and saved["method"]["updates"] == 3 * 8
+    assert saved["step"] == 8  # where its target stopped it, not at 5
+    assert saved["method"]["updates"] == 3 * 8  # the pushes after the stop are not applied
     assert summary["rounds"] == 3 * 12
     assert summary["stale_gradients_dropped"] >= saved["method"]["dropped"] >= 2
     for rank in range(1, WORLD):  # every worker its own save, back in its optimizer

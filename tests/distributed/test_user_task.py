@@ -16,7 +16,8 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
   part's) and times the target it runs with, not the checkpoint's. A run checkpoints its last
   step too, a multiple of checkpoint_every or not; a resume with nothing left to do (a setting
   it may change changed) leaves the finished run's summary, metrics, config, checkpoint and
-  model as they were.
+  model as they were; so does one that stopped at its target (checkpointed where it stopped),
+  which another target takes on to its end.
 """
 
 from __future__ import annotations
@@ -258,25 +259,43 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     out["part-again"] = _train(base, "part", resumable, **part, resume=True, timeout_s=29.0)
     if rank == 0:
         out["part-files-kept"] = files == [(base / "part" / n).read_bytes() for n in kept]
+    # Stopped at its target at step 5, checkpointing every 3: it checkpoints the step it
+    # stopped at (it saved 3 alone, and a resume ran steps 4-5 again and rewrote its files);
+    # resumed as it was, it has nothing left to do; resumed with another target, it goes on.
+    stop = {"steps": 20, "eval_every": 5, "checkpoint_every": 3}
+    stop |= {"target": "loss<=100", "stop_at_target": True}
+    out["target-stop"] = _train(base, "target-stop", resumable, **stop)
+    saved = (
+        torch.load(base / "target-stop" / "checkpoint.pt", weights_only=True) if rank == 0 else {}
+    )
+    out["target-stop-checkpoint"] = saved.get("step")
+    files = [(base / "target-stop" / n).read_bytes() for n in kept] if rank == 0 else []
+    out["target-again"] = _train(base, "target-stop", resumable, **stop, resume=True)
+    if rank == 0:
+        out["target-kept"] = files == [(base / "target-stop" / n).read_bytes() for n in kept]
+    further = stop | {"target": "loss<=0"}
+    out["target-further"] = _train(base, "target-stop", resumable, **further, resume=True)
     # The same with a named schedule (warm-up, then cosine over the run's 20 steps): the
-    # interrupted run stops at its step-10 evaluation (a target it meets at once) with its
-    # last checkpoint at step 5, and the resumed run goes on from there to step 20.
+    # interrupted run stops at its step-10 evaluation (a target it meets at once) as a crash
+    # there would leave it (without the checkpoint of the step a run stops at), its last
+    # checkpoint at step 5, and the resumed run goes on from there to step 20.
     named = _task(
         scheduler=NamedSchedule("cosine", ScheduleSettings(warmup_steps=4)),
         model=DropNet,
         train_data=Rows(data()[0]),
     )
     _train(base, "named-whole", named, steps=20, eval_every=10)
-    _train(
-        base,
-        "named-part",
-        named,
-        steps=20,
-        eval_every=10,
-        checkpoint_every=5,
-        target="loss<=100",
-        stop_at_target=True,
-    )
+    with mock.patch.object(Trainer, "_checkpoint_end", lambda self, step: None):  # a crash
+        _train(
+            base,
+            "named-part",
+            named,
+            steps=20,
+            eval_every=10,
+            checkpoint_every=5,
+            target="loss<=100",
+            stop_at_target=True,
+        )
     _train(base, "named-part", named, steps=20, eval_every=10, resume=True)
     out["wrap-sync-sgd"] = _wrap_loop(rank, world, "sync-sgd")
     out["wrap-sync-sgd-clipped"] = _wrap_loop(rank, world, "sync-sgd", clip=USER_CLIP)
@@ -429,6 +448,10 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert summaries["part-first-checkpoint"] == 10
     assert summaries["part-again"] == part  # finished: kept as it was
     assert summaries["part-files-kept"] is True
+    stopped = summaries["target-stop"]
+    assert stopped["steps"] == 5 and summaries["target-stop-checkpoint"] == 5
+    assert summaries["target-again"] == stopped and summaries["target-kept"] is True
+    assert summaries["target-further"]["steps"] == 20
     named_whole, named_resumed = (
         _weights(tmp_path / n / "model.pt") for n in ("named-whole", "named-part")
     )

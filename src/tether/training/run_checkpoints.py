@@ -35,6 +35,7 @@ import torch
 from tether.comm.transport import TorchTransport
 from tether.errors import TetherError
 from tether.methods import TrainingMethod
+from tether.methods.ps_method import ServerMethod
 from tether.observe.metrics import PhaseTotals
 from tether.parallel import ProcessGrid, whole_tensors
 from tether.training.checkpoint import load_shard, save_checkpoint, save_shard
@@ -139,13 +140,15 @@ class RunCheckpoints:
             own["totals"] = self.totals.as_tensor()
         save_shard(self.run_dir, self.world.rank, {"step": step, **own})
 
-    def save_own_when_due(self, step: int, consistent: bool, last: bool = False) -> None:
+    def save_own_when_due(self, step: int, last: bool = False) -> None:
         """A server's worker keeping its own state, after a step the method calls consistent
-        (``consistent``: ``shard_after``): its shard at the first such step at or after each
-        checkpoint multiple, which is where the server checkpoints (ServerProgress, at round
-        ends), and at its ``last`` step, where the server checkpoints the run's end. An
-        asynchronous worker's optimizer and loss scale: after any step, likewise."""
-        if not (consistent or self.optimizer_only):
+        (``shard_after``): its shard at the first such step at or after each checkpoint
+        multiple, which is where the server checkpoints (ServerProgress, at round ends), and at
+        its ``last`` step, where the server checkpoints the run's end. An asynchronous worker's
+        optimizer and loss scale: after any step, likewise."""
+        if not isinstance(self.method, ServerMethod):
+            return
+        if not (self.method.shard_after(step) or self.optimizer_only):
             return
         if self.every and (step >= self.next_own or last):
             self.save_own(step)

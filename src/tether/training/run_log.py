@@ -73,6 +73,22 @@ class StepLog:
         self.bar.set_postfix(loss=f"{self.last_loss:.3f}", **postfix)
 
 
+def evaluation_entry(
+    time_s: float, step: int, steps_per_epoch: int, result: dict[str, float], final: bool
+) -> dict[str, Any]:
+    """An evaluation as the history and metrics.jsonl keep it: ``time_s`` is training time
+    (evaluation pauses are not counted, so methods that evaluate on a server and methods that
+    evaluate on every worker are timed alike; Hogwild workers do not pause, so there nothing is
+    subtracted); ``final`` marks a second evaluation of its step."""
+    return {
+        "time_s": time_s,
+        "step": step,
+        "epoch": step / steps_per_epoch,
+        **{f"test_{name}": value for name, value in result.items()},
+        **({"final": True} if final else {}),
+    }
+
+
 def record_evaluation(
     record: RunRecord,
     metrics: MetricsLog,

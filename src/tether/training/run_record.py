@@ -55,3 +55,15 @@ class RunRecord:
             if value is not None and target.reached(value):
                 self.time_to_target = entry["time_s"]
                 return
+
+    def done(self, total_steps: int, stop_at_target: bool) -> bool:
+        """Whether a resumed run has nothing left to do: it is at its last step, or stops at
+        its target and reached it (:meth:`retarget` first: a resume may change the target)."""
+        return self.start_step >= total_steps or (
+            stop_at_target and self.time_to_target is not None
+        )
+
+    def reached_at(self) -> int | None:
+        """The step of the evaluation that reached the target (None: not reached)."""
+        reached = (h["step"] for h in self.history if h["time_s"] == self.time_to_target)
+        return next(reached, None) if self.time_to_target is not None else None

@@ -54,7 +54,7 @@ from tether.training.objective import Evaluated, Objective
 from tether.training.results import run_summary, write_results
 from tether.training.run_checkpoints import RunCheckpoints
 from tether.training.run_files import open_run_files
-from tether.training.run_log import StepLog, record_evaluation
+from tether.training.run_log import StepLog, evaluation_entry, record_evaluation
 from tether.training.run_record import RunRecord
 from tether.training.scoring import Scoring
 from tether.training.server_progress import ServerProgress, WaitingWorkers
@@ -145,6 +145,8 @@ class Trainer:
         if config.resume:
             self.record = self.checkpoints.restore(load_checkpoint(self.run_dir))
             self.record.retarget(config.target_spec)
+        done = self.record.done(self.total_steps, config.stop_at_target)  # resumed: no step left
+        self.end_step = self.record.start_step if done else self.total_steps
         self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
@@ -221,10 +223,12 @@ class Trainer:
         finally:  # its serving over: the server beats for its supervisor, or watches itself
             hooks.close(self.rank)
         last = max(result.global_step, self.record.start_step)
+        stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
+        if stopped_at_target:  # where its target stopped it: later pushes were not applied
+            last = max(self.record.reached_at() or last, self.record.start_step)
         if not self.kept:
             hooks.evaluate_last(last)
         model_state = self.method.eval_model().state_dict()
-        stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         failure: WorkerFailure | None = None
         try:
             result.check_complete(self.total_steps, stopped_at_target)
@@ -235,8 +239,8 @@ class Trainer:
         extra = result.summary_extra()
         if failure is not None:
             extra = {**extra, "status": "failed", "error": str(failure)}
-        if failure is None and last >= self.total_steps and self.checkpoints.saved_step != last:
-            self._checkpoint(last)  # the run's end (its workers saved theirs at their last step)
+        if failure is None and (last >= self.total_steps or stopped_at_target):
+            self._checkpoint_end(last)  # its workers saved theirs at their last step
         with self.scoring.busy():
             self._write_results(last, result.totals, model_state, extra)
         stop_watching()  # written: the timeline's merge (no beats, minutes for a long trace) is not
@@ -268,7 +272,7 @@ class Trainer:
         batches = self.batches.iterate(step * k, self.total_steps * k)
         tracing = self.timeline.enabled
         try:
-            while step < self.total_steps:
+            while step < self.end_step:
                 begin = time.perf_counter()
                 batch = next(batches)
                 data_s = time.perf_counter() - begin
@@ -304,24 +308,23 @@ class Trainer:
                 if self.method.stop_requested:
                     break
                 if self.has_server:  # the server evaluates and checkpoints
-                    method = self.method
-                    if isinstance(method, ServerMethod):
-                        self.checkpoints.save_own_when_due(
-                            step, method.shard_after(step), last=step == self.total_steps
-                        )
+                    self.checkpoints.save_own_when_due(step)
                     continue
                 if step % self.eval_every == 0 or step == self.total_steps:
                     log.evaluated(self._evaluate(step))
                     if config.stop_at_target and self.record.time_to_target is not None:
                         break
-                every = config.checkpoint_every
-                if every and (step % every == 0 or step == self.total_steps):
-                    self._checkpoint(step)  # the last step too: see training.run_checkpoints
+                if config.checkpoint_every and step % config.checkpoint_every == 0:
+                    self._checkpoint(step)
         finally:
             bar.close()
+        # its last step, the run's length or its target's (see training.run_checkpoints)
+        if not self.has_server:
+            self._checkpoint_end(step)
+        elif step > self.record.start_step:
+            self.checkpoints.save_own_when_due(step, last=True)
         return step
 
-    # -- pieces ----------------------------------------------------------------------------------
     def _elapsed(self) -> float:
         return self.record.elapsed_before + time.perf_counter() - self.t0
 
@@ -348,16 +351,8 @@ class Trainer:
         result = dict(self.scoring.score())
         if self.method.evaluation_pauses_workers:
             self.record.eval_s += time.perf_counter() - begin
-        entry = {
-            # Training time: evaluation pauses are not counted, so methods that evaluate on a
-            # server and methods that evaluate on every worker are timed alike (Hogwild workers
-            # do not pause, so there nothing is subtracted).
-            "time_s": self._training_clock(),
-            "step": step,
-            "epoch": step / self.steps_per_epoch,
-            **{f"test_{name}": value for name, value in result.items()},
-            **({"final": True} if final else {}),  # a second evaluation of its step
-        }
+        clock = self._training_clock()
+        entry = evaluation_entry(clock, step, self.steps_per_epoch, result, final)
         record_evaluation(self.record, self.metrics, self.tensorboard, self.target, entry, result)
         return result
 
@@ -365,6 +360,11 @@ class Trainer:
         """The model's state_dict; under model parallelism the unsharded model's, gathered
         from the model group (collective: every rank calls it)."""
         return full_state_dict(model) if self.grid is not None else model.state_dict()
+
+    def _checkpoint_end(self, step: int) -> None:
+        """The run's end (its length or its target), unless it saved or resumed there."""
+        if self.checkpoints.saved_step != step:
+            self._checkpoint(step)
 
     def _checkpoint(self, step: int) -> None:
         if not self.config.checkpoint_every:
