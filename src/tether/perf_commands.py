@@ -15,8 +15,10 @@ from typing import Any
 
 from tether import perf_inputs, perf_workloads
 from tether.config import TrainConfig
+from tether.errors import SettingError
 from tether.run_names import run_stamp
 from tether.simulate_command import add_simulate_parser
+from tether.spelling import as_dashed
 from tether.words import counted
 
 MAX_SCALING_WORKERS = 4096
@@ -64,7 +66,11 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         loss=args.loss,
         batch_size=args.batch_size if args.batch_size is not None else TrainConfig.batch_size,
         threads_per_worker=args.threads_per_worker,
-    ).validate()  # a batch size or thread count no run could use: one line
+    )
+    try:  # a batch size or thread count no run could use: one line, naming the option
+        config.validate()
+    except SettingError as refused:
+        raise refused.respelled(as_dashed(refused.key)) from None
     check_names(config)
     return config
 

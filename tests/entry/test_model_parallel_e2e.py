@@ -78,7 +78,7 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--workers", "4", "--model-parallel", "3"], "model_parallel (3) must divide the 4"),
+        (["--workers", "4", "--model-parallel", "3"], "--model-parallel (3) must divide the 4"),
         (
             ["--method", "async-sgd", "--model-parallel", "2", "--parallel-plan", "x=row"],
             "async-sgd does not run with model parallelism",

@@ -249,7 +249,7 @@ def test_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
         assert f"{option} must be at least" in line, line
     line = _error_line(capsys, ["calibrate", "--timeout", "nan"])
     assert "--timeout must be a positive number" in line
-    assert "batch_size must be >= 1" in _error_line(capsys, ["calibrate", "--batch-size", "0"])
+    assert "--batch-size must be >= 1" in _error_line(capsys, ["calibrate", "--batch-size", "0"])
     with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
         main(["predict", "--workers", "0,2"])
     assert exit_info.value.code == 2
