@@ -368,13 +368,10 @@ def _check_magnitudes(config: TrainConfig) -> None:
             _require(math.isfinite(value), f"{field.name} must be a finite number, got {value}")
         elif isinstance(value, int):
             if field.name == "seed":
-                ok = 0 <= value < 2**63
-                _require(ok, f"seed must be in [0, 2**63), got {value}")
+                _require(0 <= value < 2**63, f"seed must be in [0, 2**63), got {value}")
             else:
                 _require(abs(value) <= MAX_COUNT, f"{field.name} must be below 2**40, got {value}")
 
-
-_FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 
 # The settings that take one of a few names.
 _CHOICES: dict[str, Iterable[str]] = {
@@ -399,6 +396,5 @@ def _require(ok: bool, message: str) -> None:
     that the command line can say it as its option."""
     if not ok:
         key = message.split(" ", 1)[0]
-        if key in _FIELD_NAMES:
-            raise SettingError(key, message)
-        raise TetherError(message)
+        named = key in {field.name for field in fields(TrainConfig)}
+        raise SettingError(key, message) if named else TetherError(message)

@@ -20,6 +20,8 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   step's samples over the whole wall time (the ranks' phase totals summed at the checkpoint;
   original-easgd's workers keep theirs in their shards and report them to the server).
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
+- original-easgd ending mid-round does not checkpoint its last step, where its workers keep no
+  shard: it resumes from the round end before, without a warning.
 - async-easgd: the server checkpoints the run's last step (not a multiple of checkpoint_every)
   once its workers are done, each worker its optimizer at its last step; a resume with nothing
   left to do leaves the finished run's results as they were (the checkpoint's center; the
@@ -191,6 +193,21 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     if rank == 0:
         out["original-easgd"]["resume_stderr"] = said.getvalue()
         out["original-easgd"]["summaries"] = [_summary(base / "original-easgd" / n) for n in RUNS]
+    # original-easgd ending mid-round (10 steps of rounds of 3): no checkpoint of its last
+    # step, where no worker keeps a shard (a resume warned of missing shards and restarted
+    # every worker from the center); its last is at the round end 9, and resumes bitwise
+    run = base / "original-easgd-mid-round"
+    settings = {"method": "original-easgd", "steps": 10, "tau": TAU, "checkpoint_every": 4}
+    _train(run, **settings)
+    if rank == 0:
+        saved = torch.load(run / "checkpoint.pt", weights_only=True)
+        out["original-easgd-mid-round"] = {"step": saved["step"]}
+    dist.barrier()
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        _train(run, **settings, resume=True)
+    if rank == 0:
+        out["original-easgd-mid-round"]["resume_stderr"] = said.getvalue()
     # async-easgd: 10 steps, checkpoints every 4 and at the last, then a resume with nothing
     # to do
     run = base / "async-easgd"
@@ -331,6 +348,9 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert _final_metrics(whole) == _final_metrics(resumed)
     assert "warning" not in served["resume_stderr"], served["resume_stderr"]
     _check_whole_run(*served["summaries"], workers=WORLD - 1)
+    mid_round = results["original-easgd-mid-round"]
+    assert mid_round["step"] == 9, mid_round
+    assert "warning" not in mid_round["resume_stderr"], mid_round["resume_stderr"]
     checkpoint = results["async-easgd"]
     assert checkpoint["step"] == 10  # the run's last step, not a multiple of 4
     assert checkpoint["shards"] == [10] * (WORLD - 1)  # each worker's optimizer at its last
@@ -339,9 +359,11 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert checkpoint["kept"] == checkpoint["finished"]
     pushed = results["async-sgd"]
     saved, summary = pushed["saved"], pushed["summary"]
-    assert saved["step"] == 8  # where its target stopped it, not at 5
-    assert saved["method"]["updates"] == 3 * 8  # the pushes after the stop are not applied
-    assert summary["rounds"] == 3 * 12
+    # where its target stopped it (not at 5): its global step, which counts the pushes
+    # answered with the stop too, unapplied; the resumed run goes on from there
+    assert saved["step"] == pushed["stopped"]["steps"] >= 8
+    assert saved["method"]["updates"] == 3 * 8
+    assert summary["rounds"] == 3 * 8 + 3 * (12 - saved["step"])
     assert summary["stale_gradients_dropped"] >= saved["method"]["dropped"] >= 2
     for rank in range(1, WORLD):  # every worker its own save, back in its optimizer
         own = ranks[rank]["shard-resume"]["async-easgd-momentum"]

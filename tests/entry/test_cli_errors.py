@@ -34,6 +34,15 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--precision", "fp8"], "error: --precision must be fp32, bf16 or fp16, got 'fp8'"),
         # ... and as the key where the user wrote the key
         (["--set", "eval_every=-2"], "error: eval_every must be >= 0, got -2"),
+        # every setting a refusal names, each as the user gave it
+        (
+            ["--workers", "6", "--ranks-per-node", "4"],
+            "error: --workers (6) must be a multiple of --ranks-per-node (4)",
+        ),
+        (
+            ["--set", "workers=6", "--ranks-per-node", "4"],
+            "error: workers (6) must be a multiple of --ranks-per-node (4)",
+        ),
         (
             ["--set", "learning_rate=0.1"],
             "unknown config key 'learning_rate' (did you mean 'lr'?); valid keys:",

@@ -15,6 +15,8 @@ from torch.utils.data import TensorDataset
 
 from tether.config import TrainConfig
 from tether.errors import TetherError
+from tether.optim import NamedSchedule, ScheduleSettings
+from tether.optim.schedules import build_scheduler
 from tether.training.checkpoint import SHARDS_DIR
 from tether.training.resumed_state import check_resumed_state
 from tether.training.task import Task
@@ -43,7 +45,7 @@ def steps(optimizer: torch.optim.Optimizer) -> Any:
 
 
 def _task(optimizer: Any = None, scheduler: Any = None) -> Task:
-    data = TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
+    data = TensorDataset(torch.randn(64, 4), torch.zeros(64, dtype=torch.long))
     loss = nn.CrossEntropyLoss()
     return Task(MODEL, data, loss, optimizer=optimizer, scheduler=scheduler)
 
@@ -87,6 +89,19 @@ def test_a_resume_that_builds_another_optimizer_or_schedule_is_one_line(
 ) -> None:
     with pytest.raises(TetherError, match=f"cannot resume {tmp_path}.*{said}"):
         _check(tmp_path, _saved_by(adamw, cosine), task)
+
+
+def test_a_methods_default_warm_up_in_epochs_passes(tmp_path: Path) -> None:
+    """sync-sgd's default rate warms up over half an epoch: built at a length of one-step
+    epochs, the check found no schedule and refused every default resume of the method."""
+    warm = NamedSchedule("constant", ScheduleSettings(warmup_epochs=0.5))
+    task = _task(scheduler=warm)  # 64 samples: 8 steps an epoch of 2 workers x 4
+    config = TrainConfig(method="sync-sgd", workers=2, batch_size=4, steps=20)
+    run = torch.optim.SGD(MODEL.parameters(), lr=0.1)
+    schedule = build_scheduler(warm, run, 20, 8)
+    assert schedule is not None  # the run had one: a warm-up of 4 steps
+    saved = {"method": {"optimizer": run.state_dict(), "scheduler": schedule.state_dict()}}
+    check_resumed_state(tmp_path, saved, config, task, MODEL)
 
 
 def test_a_schedule_the_run_did_not_have_is_refused(tmp_path: Path) -> None:

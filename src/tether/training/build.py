@@ -34,6 +34,17 @@ def steps_per_epoch(config: TrainConfig, samples: int, workers: int) -> int:
     return steps
 
 
+def run_length(config: TrainConfig | None, samples: int) -> tuple[int, int]:
+    """(total steps, steps per epoch) of the run, as its workers count them; (1, 1) unknown."""
+    if config is None:
+        return 1, 1
+    try:
+        per_epoch = steps_per_epoch(config, samples, config.data_workers)
+    except TetherError:
+        return 1, 1  # too little data for a step: said elsewhere, in its own words
+    return (config.steps or config.epochs * per_epoch), per_epoch
+
+
 def build_method(
     config: TrainConfig,
     task: Task,

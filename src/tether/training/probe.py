@@ -17,7 +17,7 @@ from tether.errors import TetherError, first_line
 from tether.optim import check_distributable
 from tether.optim.schedules import build_scheduler
 from tether.targets import Target
-from tether.training.build import steps_per_epoch
+from tether.training.build import run_length
 from tether.training.evaluation import Evaluator
 from tether.training.objective import Objective, takes_model_and_batch
 from tether.training.task import Task, describe
@@ -40,17 +40,6 @@ def build_model(task: Task) -> torch.nn.Module:
         raise TetherError(
             f"building the model ({describe(task.model)}) failed: {first_line(exc)}"
         ) from None
-
-
-def _run_length(config: TrainConfig | None, samples: int) -> tuple[int, int]:
-    """(total steps, steps per epoch) of the run, as its workers count them; (1, 1) unknown."""
-    if config is None:
-        return 1, 1
-    try:
-        per_epoch = steps_per_epoch(config, samples, config.data_workers)
-    except TetherError:
-        return 1, 1  # too little data for a step: said elsewhere, in its own words
-    return (config.steps or config.epochs * per_epoch), per_epoch
 
 
 def probe_task(
@@ -97,7 +86,7 @@ def probe_task(
                 )
                 check_distributable(optimizer)
                 building = "the schedule (scheduler(optimizer) or (optimizer, total_steps))"
-                build_scheduler(task.scheduler, optimizer, *_run_length(config, size))
+                build_scheduler(task.scheduler, optimizer, *run_length(config, size))
             except TetherError:
                 raise
             except Exception as exc:

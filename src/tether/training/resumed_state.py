@@ -26,6 +26,7 @@ from tether.errors import TetherError
 from tether.methods import METHODS
 from tether.optim import NamedOptimizer, NamedSchedule
 from tether.optim.schedules import build_scheduler
+from tether.training.build import run_length
 from tether.training.checkpoint import SHARDS_DIR
 from tether.training.task import Task
 
@@ -53,9 +54,10 @@ def check_resumed_state(
     _check_optimizer(run_dir, saved["optimizer"], built, own)
     if "optimizer_only" in saved:  # an asynchronous worker's: its schedule is the global step's
         return
-    try:  # its kind, not its length: a length the probe of the task checked already
-        schedule = build_scheduler(task.scheduler, built, config.steps or 1)
-    except Exception:
+    try:  # at the run's length (a warm-up in epochs is none in a run of one-step epochs)
+        length = run_length(config, len(task.train_data))  # type: ignore[arg-type]
+        schedule = build_scheduler(task.scheduler, built, *length)
+    except Exception:  # the probe of the task says what fails to build, in its own words
         return
     own_schedule = task.scheduler is not None and not isinstance(task.scheduler, NamedSchedule)
     _check_schedule(run_dir, saved.get("scheduler"), schedule, own_schedule)

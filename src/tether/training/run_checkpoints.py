@@ -19,9 +19,11 @@ gives each worker its last one back (of its own step, which no other rank's need
 these methods never line their workers up).
 
 A run that checkpoints also checkpoints its last step (the trainer; a server once its workers
-are done), whether or not it is a multiple of ``checkpoint_every``: a finished run resumed has
-nothing left to do and keeps its results (training.results.keeps_finished), and one resumed
-with more steps goes on from its end rather than running its last steps again."""
+are done), whether or not it is a multiple of ``checkpoint_every``, and the step it stopped at
+its target: a finished run resumed has nothing left to do and keeps its results
+(training.run_files.keeps_finished), and one resumed with more steps goes on from its end
+rather than running its last steps again. original-easgd, whose workers keep shards of their
+own at round ends only, does so only where the whole run ends at a round's end."""
 
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ class RunCheckpoints:
         # The first step at which such a worker saves its shard (moved on by a resume).
         self.next_own = next_multiple(0, every) if every else 0
         # The step of the last checkpoint written or resumed from (None: none yet), so that
-        # the run's last step is saved once (save_last).
+        # the run's last step is saved once (Trainer._checkpoint_end).
         self.saved_step: int | None = None
 
     @property

@@ -62,8 +62,3 @@ class RunRecord:
         return self.start_step >= total_steps or (
             stop_at_target and self.time_to_target is not None
         )
-
-    def reached_at(self) -> int | None:
-        """The step of the evaluation that reached the target (None: not reached)."""
-        reached = (h["step"] for h in self.history if h["time_s"] == self.time_to_target)
-        return next(reached, None) if self.time_to_target is not None else None

@@ -224,8 +224,6 @@ class Trainer:
             hooks.close(self.rank)
         last = max(result.global_step, self.record.start_step)
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
-        if stopped_at_target:  # where its target stopped it: later pushes were not applied
-            last = max(self.record.reached_at() or last, self.record.start_step)
         if not self.kept:
             hooks.evaluate_last(last)
         model_state = self.method.eval_model().state_dict()
@@ -239,7 +237,11 @@ class Trainer:
         extra = result.summary_extra()
         if failure is not None:
             extra = {**extra, "status": "failed", "error": str(failure)}
-        if failure is None and (last >= self.total_steps or stopped_at_target):
+        ends = failure is None and (last >= self.total_steps or stopped_at_target)
+        if isinstance(method, ServerMethod) and method.per_rank_state:  # original-easgd:
+            # where its workers' shards are, a round's end of the whole run
+            ends = ends and last >= self.total_steps and method.shard_after(last)
+        if ends:
             self._checkpoint_end(last)  # its workers saved theirs at their last step
         with self.scoring.busy():
             self._write_results(last, result.totals, model_state, extra)
@@ -321,8 +323,9 @@ class Trainer:
         # its last step, the run's length or its target's (see training.run_checkpoints)
         if not self.has_server:
             self._checkpoint_end(step)
-        elif step > self.record.start_step:
-            self.checkpoints.save_own_when_due(step, last=True)
+        elif step > self.record.start_step:  # a shard only where the server checkpoints
+            last = step >= self.total_steps or not self.checkpoints.shards
+            self.checkpoints.save_own_when_due(step, last=last)
         return step
 
     def _elapsed(self) -> float:
