@@ -54,8 +54,12 @@ SAME_GLOBAL_BATCH = ("sync-sgd", "local-sgd")
 
 def prepare_run_dir(config: TrainConfig, overwrite: bool = False) -> Path:
     """Check ``config.out`` for this run and make it ready; raises TetherError (one line) before
-    changing anything when it cannot be used."""
-    out = check_run_dir(config, overwrite)
+    changing anything when it cannot be used. Its warnings (a resume at another global batch)
+    are the caller's to say: tether train and tether.fit check the directory first, with the
+    model, and say them once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        out = check_run_dir(config, overwrite)
     if overwrite and not config.resume:
         remove_run_files(out)
     remove_stale_temporaries(out)
@@ -146,7 +150,17 @@ def _check_same_batch(path: Path, state: dict[str, Any], config: TrainConfig) ->
             f"{both_ways(workers=state.get('workers'), model_parallel=grid)}"
         )
     workers, batch = state.get("workers"), state.get("batch_size")
-    if config.method not in SAME_GLOBAL_BATCH or workers is None or batch is None:
+    if workers is None or batch is None:
+        return
+    if config.method not in SAME_GLOBAL_BATCH:
+        if workers * batch != config.workers * config.batch_size:
+            warnings.warn(
+                f"resuming {path.parent} at another global batch ({workers} x {batch} -> "
+                f"{config.workers} x {config.batch_size}): it goes on from step "
+                f"{state['step']} in steps of the new batch, which its epochs, data order and "
+                "schedule also take the steps before it to be",
+                stacklevel=3,
+            )
         return
     if (workers, batch) != (config.workers, config.batch_size):
         raise TetherError(
