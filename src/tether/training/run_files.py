@@ -49,10 +49,9 @@ def open_run_files(
 def keeps_finished(config: TrainConfig, record: RunRecord, total_steps: int) -> bool:
     """Whether a resumed run leaves the results in its directory as they are: it had nothing
     left to do (its checkpoint is at its last step, or at the target it stopped at) and the run
-    finished there, with a summary
-    of that step that does not say it failed. Rewritten, the summary would time the resume
-    alone (nothing) and the model would be saved again; a run that crashed before it wrote them
-    writes them as usual. Says so on stderr."""
+    finished there, with a summary of that step that does not say it failed. Rewritten, the
+    summary would time the resume alone (nothing) and the model would be saved again; a run
+    that crashed before it wrote them writes them as usual. Says so on stderr."""
     step, run_dir = record.start_step, Path(str(config.out))
     if not config.resume or not record.done(total_steps, config.stop_at_target):
         return False
