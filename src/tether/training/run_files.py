@@ -66,9 +66,16 @@ def keeps_finished(config: TrainConfig, record: RunRecord, total_steps: int) -> 
         and (run_dir / "model.pt").exists()
     )
     if finished:
+        timed, asked = summary.get("target"), config.target_spec
+        other = (
+            f" (its summary times its own target, {timed or 'none'}: a new run in another "
+            f"directory times {asked})"
+            if asked is not None and str(asked) != timed
+            else ""
+        )
         print(
             f"tether: {run_dir} finished at step {step}: nothing left to do, its results are "
-            "kept as they were",
+            f"kept as they were{other}",
             file=sys.stderr,
         )
     return finished
