@@ -669,10 +669,16 @@ def test_examples_are_the_ones_the_docs_name() -> None:
 
 
 LONE_SCRIPT = """
+import warnings
+
 import torch
 import tether
 
-ctx = tether.init(method="local-sgd", tau=2)
+with warnings.catch_warnings(record=True) as heard:
+    warnings.simplefilter("always")
+    ctx = tether.init(method="local-sgd", tau=2, epochs=3, workers=4)
+for warning in heard:
+    print("warned:", warning.message)
 net = torch.nn.Linear(3, 1)
 model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
 for _ in range(4):
@@ -685,6 +691,10 @@ try:
     ctx.eval_model()
 except tether.TetherError as exc:
     print("after finish:", exc)
+try:
+    opt.step()
+except tether.TetherError as exc:
+    print("step after finish:", exc)
 """
 
 
@@ -695,6 +705,11 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "workers 1 weight" in result.stdout
     assert "after finish: this run has finished" in result.stdout
+    # a step after finish was torch's "call init_process_group"; settings no loop of one's own
+    # reads were taken without a word
+    assert "step after finish: optimizer.step() after ctx.finish()" in result.stdout
+    assert "warned: tether.init ignores epochs: your own loop decides" in result.stdout
+    assert "warned: tether.init ignores workers=4: the launcher started 1" in result.stdout
 
 
 AGAIN_SCRIPT = """

@@ -246,6 +246,8 @@ class Context:
         if method is None:
             shut_down_process_group()
             return
+        if self.optimizer is not None:
+            self.optimizer.ended = True
         # A worker's goodbye carries timings for a trainer's summary; a user's loop has none.
         method.finish(PhaseTotals() if method.server_processes else None)
         for layer in sharded_layers(method.model).values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,13 @@ from tether.training.model_parallel import (
 )
 
 COMPONENT_KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule", "metrics")
+# What a trainer's run decides and your own loop decides for itself: given to tether.init, they
+# did nothing without a word.
+LOOP_KEYS = (
+    "epochs", "steps", "eval_every", "eval_batch_size", "target", "target_accuracy",
+    "stop_at_target", "checkpoint_every", "out", "resume", "progress", "tensorboard",
+    "loader_workers",
+)  # fmt: skip
 _generation = 0  # process groups this process has started: each meets under its own key prefix
 
 
@@ -100,6 +108,7 @@ def init(method: str | None = None, **options: Any) -> Context:
     if env.rank == 0:
         # the schedule is always the loop's own (ctx.wrap's scheduler): none is built here
         warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
+        _warn_loop_settings(options, env.world_size - servers)
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
     backend, device = place(method_backend(method, config.backend), env, gpu_free_ranks(method))
@@ -109,6 +118,23 @@ def init(method: str | None = None, **options: Any) -> Context:
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
     return Context(config, TorchTransport(), device, env, placement, own_optimizer)
+
+
+def _warn_loop_settings(options: Mapping[str, Any], workers: int) -> None:
+    """Say, once, which of ``options`` nothing in a user's own loop reads."""
+    unread = [key for key in LOOP_KEYS if key in options]
+    if unread:
+        warnings.warn(
+            f"tether.init ignores {', '.join(unread)}: your own loop decides its length, "
+            "evaluations, checkpoints and logs (tether.fit takes them)",
+            stacklevel=3,
+        )
+    if "workers" in options and options["workers"] != workers:
+        warnings.warn(
+            f"tether.init ignores workers={options['workers']}: the launcher started "
+            f"{workers} (torchrun --nproc-per-node, tether launch --workers)",
+            stacklevel=3,
+        )
 
 
 def init_configs(

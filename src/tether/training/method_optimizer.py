@@ -46,6 +46,7 @@ class MethodOptimizer(torch.optim.Optimizer):
         self.optimizer = method.optimizer
         self.accumulate = accumulate
         self.passes = 0  # step() calls, counting the accumulation passes
+        self.ended = False  # the run is over (tether.init's ctx.finish): no step communicates
         self.last_times = StepTimes()  # the exposed communication of the last real step
         method.grad_scale = 1.0 / accumulate
         method.set_gradient_sync(accumulate == 1)
@@ -83,6 +84,11 @@ class MethodOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """The method's step; ``closure`` (optional) runs forward and backward and returns the
         loss, as for any torch optimizer."""
+        if self.ended:  # torch's own words would advise init_process_group
+            raise TetherError(
+                "optimizer.step() after ctx.finish(): the run is over and its process group "
+                "gone; call ctx.finish() once, after the last step"
+            )
         if self.accumulating:
             loss = closure() if closure is not None else None
             self.passes += 1
