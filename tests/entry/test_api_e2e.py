@@ -400,6 +400,34 @@ def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
         shutil.rmtree(record.parent, ignore_errors=True)
 
 
+SERVED_SCRIPT = """
+import torch
+import tether
+
+ctx = tether.init(method="async-sgd")
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+print("workers", ctx.workers, flush=True)
+ctx.finish()
+"""
+
+
+def test_tether_launch_without_the_method_says_that_its_rank_0_serves(tmp_path: Path) -> None:
+    # tether launch --workers 2 of an async-sgd script said "2 workers", and one trained
+    script = tmp_path / "served.py"
+    script.write_text(SERVED_SCRIPT)
+    command = [sys.executable, "-m", "tether", "launch", "--workers", "2", str(script)]
+    result = _run(command, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "workers 1" in result.stdout
+    said = "async-sgd serves on rank 0, so of the 2 processes tether launch started without "
+    assert said + "--method, 1 train: give it --method async-sgd" in result.stderr
+
+
 STOPPING_SCRIPT = """
 import os, signal, sys, time
 import torch

@@ -27,7 +27,12 @@ from tether.config import TrainConfig
 from tether.config_sources import resolve_config
 from tether.errors import TetherError
 from tether.ignored_settings import warn_ignored
-from tether.launch.env import DistEnv, launcher_method, pin_loopback_if_local
+from tether.launch.env import (
+    DistEnv,
+    launcher_method,
+    launcher_reports_errors,
+    pin_loopback_if_local,
+)
 from tether.launch.error_file import record_uncaught_errors
 from tether.launch.worker import (
     init_process_group,
@@ -109,6 +114,8 @@ def init(method: str | None = None, **options: Any) -> Context:
         # the schedule is always the loop's own (ctx.wrap's scheduler): none is built here
         warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
         _warn_loop_settings(options, env.world_size - servers)
+        if servers and launched_for is None and launcher_reports_errors():
+            warnings.warn(server_taken_note(method, env.world_size), stacklevel=2)
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
     backend, device = place(method_backend(method, config.backend), env, gpu_free_ranks(method))
@@ -118,6 +125,16 @@ def init(method: str | None = None, **options: Any) -> Context:
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
     return Context(config, TorchTransport(), device, env, placement, own_optimizer)
+
+
+def server_taken_note(method: str, processes: int) -> str:
+    """What ``tether launch --workers N`` without ``--method`` did to a script of a method with
+    a server: it started N processes, and rank 0 of them serves."""
+    return (
+        f"{method} serves on rank 0, so of the {processes} processes tether launch started "
+        f"without --method, {processes - 1} train: give it --method {method} to start "
+        f"{processes} workers and the server"
+    )
 
 
 def _warn_loop_settings(options: Mapping[str, Any], workers: int) -> None:
