@@ -151,7 +151,7 @@ class ServerEndWatch:
             return  # it ends by its exchange's own timeout, handles its failure, or is exiting
         message = (
             f"tether: worker rank {self._rank}: the parameter server gave this worker up (silent "
-            f"for --timeout) and has finished; {self._grace_s:g} s later its loop has still not "
+            f"for the run's timeout_s, --timeout) and has finished; {self._grace_s:g} s later its loop has still not "
             "reached ctx.finish(): the process ends itself (status 0"
             + (", once MPI's finalize has waited for the other ranks" if mpi_running() else "")
             + ") so that its launcher does not wait for it\n"
