@@ -6,6 +6,9 @@ The CLI prints its message as one line and exits with code 2, without a tracebac
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 
 class TetherError(Exception):
     """A user error: the message says what was wrong and how to fix it, in one line."""
@@ -19,10 +22,14 @@ class SettingError(TetherError):
         super().__init__(message)
         self.key = key
 
-    def respelled(self, said: str) -> TetherError:
-        """The same refusal with its key said as ``said``."""
+    def respelled(self, said: Mapping[str, str]) -> TetherError:
+        """The same refusal with each setting of ``said`` (key: how to say it) that it names
+        said so: the one it begins with, and any other before its value in brackets
+        (``ranks_per_node (4)``)."""
         text = str(self)
-        return TetherError(said + text[len(self.key) :] if text.startswith(self.key) else text)
+        for key, words in said.items():
+            text = re.sub(rf"^{key}(?= )|(?<![\w-]){key}(?= \([-\d])", words, text)
+        return TetherError(text)
 
 
 def first_line(exc: BaseException) -> str:

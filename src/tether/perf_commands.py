@@ -70,7 +70,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     try:  # a batch size or thread count no run could use: one line, naming the option
         config.validate()
     except SettingError as refused:
-        raise refused.respelled(as_dashed(refused.key)) from None
+        raise refused.respelled({refused.key: as_dashed(refused.key)}) from None
     check_names(config)
     return config
 

@@ -5,7 +5,6 @@ keep what the command line leaves alone (:func:`config_from_args`)."""
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,16 +172,6 @@ def as_flag(key: str, value: object = None) -> str:
     return flag if value is None else f"{flag} {value}"
 
 
-def _as_typed(refused: SettingError, args: argparse.Namespace) -> TetherError:
-    """A refused value's message with each setting it names (first, or before its value in
-    brackets: ``ranks_per_node (4)``) said as the option typed, where it was one."""
-    text = str(refused)
-    for key, flag in _FLAG_OF.items():
-        if hasattr(args, key):
-            text = re.sub(rf"^{key}(?= )|(?<![\w-]){key}(?= \([-\d])", flag, text)
-    return TetherError(text)
-
-
 def add_train_options(
     parser: argparse.ArgumentParser,
     out_default: str = "runs/METHOD-TIMESTAMP",
@@ -284,8 +273,9 @@ def config_from_args(
         overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
     try:
         config = resolve_config(None, overrides, base)
-    except SettingError as refused:
-        raise _as_typed(refused, args) from None
+    except SettingError as refused:  # each setting said as the option typed, where it was one
+        typed = {key: flag for key, flag in _FLAG_OF.items() if hasattr(args, key)}
+        raise refused.respelled(typed) from None
     if base is not None:
         # e.g. another --lr, which torch would undo; not one an --optimizer import path ignores
         check_kept(base, config, args.resume, own_component_keys(config))

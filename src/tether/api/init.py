@@ -115,7 +115,7 @@ def init(method: str | None = None, **options: Any) -> Context:
         warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
         _warn_loop_settings(options, env.world_size - servers)
         if servers and launched_for is None and launcher_reports_errors():
-            warnings.warn(server_taken_note(method, env.world_size), stacklevel=2)
+            warnings.warn(_server_taken_note(method, env.world_size), stacklevel=2)
     partition = partition_node(env, config.threads_per_worker, config.pin_workers)
     pin_loopback_if_local(env)
     backend, device = place(method_backend(method, config.backend), env, gpu_free_ranks(method))
@@ -127,7 +127,7 @@ def init(method: str | None = None, **options: Any) -> Context:
     return Context(config, TorchTransport(), device, env, placement, own_optimizer)
 
 
-def server_taken_note(method: str, processes: int) -> str:
+def _server_taken_note(method: str, processes: int) -> str:
     """What ``tether launch --workers N`` without ``--method`` did to a script of a method with
     a server: it started N processes, and rank 0 of them serves."""
     return (

@@ -27,7 +27,7 @@ from tether.methods import METHODS
 from tether.optim import NamedOptimizer, NamedSchedule
 from tether.optim.schedules import build_scheduler
 from tether.training.build import run_length
-from tether.training.checkpoint import SHARDS_DIR
+from tether.training.checkpoint import SHARDS_DIR, load_shard
 from tether.training.task import Task
 
 # Settings every torch optimizer's param groups may hold that say nothing of its kind, and the
@@ -70,14 +70,12 @@ def _saved_method_state(run_dir: Path, state: dict[str, Any]) -> dict[str, Any] 
     if isinstance(method, dict) and "optimizer" in method:
         return method
     for path in sorted((run_dir / SHARDS_DIR).glob("rank-*.pt")):
-        try:
-            shard = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # a torn shard: the resume says so, and starts the worker afresh
-            continue
-        own = shard.get("optimizer_only") if isinstance(shard, dict) else None
+        # a torn shard is None: the resume says so, and starts that worker afresh
+        shard = load_shard(run_dir, int(path.stem.removeprefix("rank-")), None)
+        own = shard.get("optimizer_only") if shard is not None else None
         if isinstance(own, dict):
             return {**own, "optimizer_only": True}
-        if isinstance(shard, dict) and isinstance(shard.get("method"), dict):
+        if shard is not None and isinstance(shard.get("method"), dict):
             return dict(shard["method"])
     return None
 
