@@ -465,6 +465,39 @@ def test_tether_launch_ends_a_synchronous_run_whose_rank_stopped_and_names_it(
     assert ended - float(mark.read_text()) < 15, ended - float(mark.read_text())
 
 
+LEAVING_SCRIPT = """
+import sys
+import torch
+import tether
+
+ctx = tether.init()
+net = torch.nn.Linear(4, 2)
+model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(20):
+    if ctx.rank == 1 and step == 3:
+        sys.exit(0)  # this rank leaves in the middle of the run, with status 0
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+ctx.finish()
+"""
+
+
+def test_tether_launch_names_a_synchronous_rank_that_left_without_finish(
+    tmp_path: Path,
+) -> None:
+    # Before, the report blamed the healthy rank: "worker rank 0 failed: Connection closed by
+    # peer"; rank 1's status 0 was a success to the launcher.
+    result = _launch(tmp_path, LEAVING_SCRIPT, 2, "sync-sgd")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "tether: worker rank 1 ends without ctx.finish(): its peers" in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(
+        "tether: error: worker rank 1 left the run early: its script ended (exit status 0) "
+        "without ctx.finish(); worker rank 0 failed"
+    ), error
+
+
 EARLY_FAILING_SCRIPT = """
 import os
 import tether

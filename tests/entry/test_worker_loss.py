@@ -297,3 +297,74 @@ def test_a_sigterm_from_outside_is_marked_as_the_cause(tmp_path: Path) -> None:
     assert (
         marks / "cause-rank-1"
     ).read_text() == "failed: killed by SIGTERM, sent from outside the run"
+
+
+# A worker of a user's own loop that ends without ctx.finish() writes the file TETHER_LEFT_MARK
+# names (tether.observe.left_mark); these children stand in for one.
+LEAVE = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).touch(); "
+
+
+def _supervise_leaving(tmp_path: Path, code: str, lost: bool) -> subprocess.CompletedProcess[str]:
+    marks = tmp_path / "marks"
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--marks-dir", str(marks)]
+    cmd += ["--lost-dir", str(tmp_path / "lost")] if lost else []
+    env = {**os.environ, "RANK": "1", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "err.json")}
+    return subprocess.run(
+        [*cmd, "--", sys.executable, "-c", code], env=env, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+
+
+def test_a_worker_that_exits_0_before_finish_is_named_as_the_cause(tmp_path: Path) -> None:
+    # A synchronous run's rank that ended with status 0 mid-run was a success to the launcher;
+    # its peers' "connection closed by peer" was reported as the run's cause.
+    proc = _supervise_leaving(tmp_path, LEAVE + "exit(0)", lost=False)
+    assert proc.returncode == 0  # its peers may not need it (a ctx.finish() forgotten at the end)
+    cause = (tmp_path / "marks" / "cause-rank-1").read_text()
+    assert cause == "left the run early: its script ended (exit status 0) without ctx.finish()"
+
+
+def test_a_worker_that_exits_0_before_finish_is_lost_to_an_asynchronous_run(
+    tmp_path: Path,
+) -> None:
+    proc = _supervise_leaving(tmp_path, JOIN + LEAVE + "exit(0)", lost=True)
+    assert proc.returncode == 0
+    record = json.loads((tmp_path / "lost" / "rank-1.json").read_text())
+    assert record["reason"].startswith("left the run early") and record["returncode"] == 0
+    assert "worker rank 1 lost (left the run early" in proc.stderr
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_worker_that_finished_is_not_said_to_have_left(tmp_path: Path, lost: bool) -> None:
+    joined = JOIN if lost else ""  # a synchronous run's supervisor names no joined mark
+    proc = _supervise_leaving(tmp_path, joined + "exit(0)", lost)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "marks" / "cause-rank-1").exists()
+    assert not list((tmp_path / "lost").glob("rank-*.json"))
+    assert (tmp_path / "marks" / "finished-rank-1").exists()
+
+
+def test_a_worker_that_leaves_on_the_launchers_stop_did_not_leave_early(tmp_path: Path) -> None:
+    # A script may save and exit 0 on the SIGTERM of a stopped run, without ctx.finish().
+    env = {**os.environ, "RANK": "1"}
+    started = tmp_path / "started"
+    code = (
+        "import os, pathlib, signal, sys, time\n"
+        "def leave(*_):\n"
+        "    pathlib.Path(os.environ['TETHER_LEFT_MARK']).touch(); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, leave)\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(60)\n"
+    )
+    cmd = [sys.executable, "-m", "tether.launch.supervise", "--marks-dir", str(tmp_path)]
+    proc = subprocess.Popen([*cmd, "--", sys.executable, "-c", code], env=env)
+    try:
+        for _ in range(200):
+            if started.exists():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    assert (tmp_path / "left-rank-1").exists() and not (tmp_path / "cause-rank-1").exists()

@@ -12,6 +12,7 @@ once the user's script has built them, so the server stays in the script up to `
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from tether.launch.env import DistEnv
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.joined import mark_joined
+from tether.observe.left_mark import say_left
 from tether.observe.metrics import PhaseTotals
 from tether.observe.pulse_mark import start_pulse, stop_watching, watch_self
 from tether.parallel import is_parallel, parallelize, parse_plan, sharded_layers
@@ -164,7 +166,30 @@ class Context:
         self.optimizer = MethodOptimizer(method, self.config.accumulate)
         if method.role() is Role.SERVER:
             self._serve_and_exit(method)
+        atexit.register(self._note_unfinished)
         return model, self.optimizer
+
+    def _note_unfinished(self) -> None:
+        """At exit, a worker that never called ``finish`` (and is not ending on an uncaught
+        exception, which says more) says what that does to its run, whatever the launcher, and
+        ends its process group while Python is whole (:mod:`tether.launch.teardown`: a gloo
+        backend alive at finalisation can abort a process that did nothing wrong)."""
+        if self.finished or getattr(sys, "last_value", None) is not None:
+            return
+        self.finished = True
+        say_left()  # before its peers lose it: the supervisor names it in the run's report
+        lost = (
+            "the server counts it lost"
+            if getattr(self.method_class, "tolerates_worker_loss", False)
+            else "its peers still in the run fail waiting for it"
+        )
+        print(
+            f"tether: worker rank {self.rank} ends without ctx.finish(): {lost}; call "
+            "ctx.finish() on every worker after its last step",
+            file=sys.stderr,
+            flush=True,
+        )
+        shut_down_process_group()
 
     def _serve_and_exit(self, method: TrainingMethod) -> None:
         start_pulse(self.config.timeout_s)  # for its supervisor, once the workers have finished

@@ -42,13 +42,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -61,7 +59,9 @@ from tether.launch.lost import (
     lost_record,
     write_lost_record,
 )
+from tether.launch.parent_death import die_with_parent, exit_with_parent
 from tether.observe.joined import JOINED_MARK_ENV
+from tether.observe.left_mark import LEFT_EARLY, LEFT_MARK_ENV
 from tether.observe.pulse_mark import PULSE_MARK_ENV, read_pulse
 
 SERVER_RANK = 0
@@ -75,43 +75,9 @@ SCRIPT_STOP_GRACE_S = 30.0
 SERVER_GRACE_S = 30.0
 # In the marks directory: a worker's supervisor's, its child exited 0; the server's pulse
 FINISHED_MARK = "finished-rank-"  # + R
+LEFT_MARK = "left-rank-"  # + R: a worker in a user's loop left without ctx.finish()
 SERVER_PULSE = "server-pulse"  # tether.observe.pulse_mark
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-def exit_with_parent(sig: int) -> bool:
-    """Ask Linux to send us ``sig`` when our parent (the elastic agent) dies, so a killed agent
-    leaves no orphan workers. False if the parent is already gone."""
-    libc = _libc()
-    parent = os.getppid()
-    if libc is not None:
-        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    return os.getppid() == parent
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when this supervisor dies (Linux)."""
-    libc = _libc()  # loaded before the fork, called after it
-    if libc is None:
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the supervisor died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def process_state(pid: int) -> str:
@@ -141,6 +107,7 @@ class Supervisor:
         self.rank = rank
         self.world_size = world_size
         self.stop_signal: int | None = None
+        self.left_before_stop = False  # the child had left its run when a stop came
         self.stop_deadline: float | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self._workers_done_at: float | None = None  # when the server's supervisor saw it
@@ -161,6 +128,9 @@ class Supervisor:
         del frame
         first = self.stop_signal is None
         self.stop_signal = signum
+        if first:
+            # (the child may be gone already: its peers failed when it left)
+            self.left_before_stop = self._has_left()
         if self.child is not None and self.child.poll() is None:
             if first:
                 self._mark(self.child.pid)
@@ -206,12 +176,22 @@ class Supervisor:
             # a parameter server beats there (a method without one: nothing is written)
             self.marks_dir.mkdir(parents=True, exist_ok=True)
             env[PULSE_MARK_ENV] = str(self.marks_dir / SERVER_PULSE)
+        if self.marks_dir is not None:
+            self.marks_dir.mkdir(parents=True, exist_ok=True)
+            env[LEFT_MARK_ENV] = str(self._left_mark)
         self.child = subprocess.Popen(
-            self.command, env=env, preexec_fn=_die_with_parent(), process_group=0
+            self.command, env=env, preexec_fn=die_with_parent(), process_group=0
         )
         if self.stop_signal is not None:  # it arrived while the child was starting
             self.child.send_signal(self.stop_signal)
         returncode, overstayed = self._wait(self.child)
+        if self._left_early(returncode):
+            if self.tolerated:
+                return self._lost(returncode, "", LEFT_EARLY)
+            # for the report, should its peers fail for want of it (they may not: one that
+            # forgot ctx.finish() after its last step of sync-sgd costs them nothing)
+            self._mark_cause(LEFT_EARLY)
+            returncode = 0  # its own status (a stop since may have ended it on its way out)
         if returncode == 0:
             if self.lost_dir is not None and self.rank == SERVER_RANK:
                 self.lost_dir.mkdir(parents=True, exist_ok=True)
@@ -223,9 +203,28 @@ class Supervisor:
             return self._lost(returncode, overstayed)
         return self._pass_on(returncode)
 
-    def _lost(self, returncode: int, overstayed: str) -> int:
-        """A tolerated worker failed: recorded as lost (exit 0, the run carries on) once it had
-        joined the run (or we killed it for outliving the server); before, passed on."""
+    @property
+    def _left_mark(self) -> Path:
+        """The file a worker in a user's own loop writes when it leaves its run without
+        ctx.finish() (:mod:`tether.observe.left_mark`)."""
+        assert self.marks_dir is not None
+        return self.marks_dir / f"{LEFT_MARK}{self.rank}"
+
+    def _has_left(self) -> bool:
+        return self.marks_dir is not None and self._left_mark.exists()
+
+    def _left_early(self, returncode: int) -> bool:
+        """Whether the child, a worker in a user's own loop, left its run without ctx.finish()
+        of its own accord, exiting 0: not in answer to a stop the launcher sent (a script may
+        save and exit then), though the launcher may stop it since (its peers failed)."""
+        if self.stop_signal is not None:  # the stop may have ended it on its way out
+            return self.left_before_stop and returncode in (0, -self.stop_signal)
+        return returncode == 0 and self._has_left()
+
+    def _lost(self, returncode: int, overstayed: str, why: str = "") -> int:
+        """A tolerated worker failed (or ``why``: left its part of the run early): recorded as
+        lost (exit 0, the run carries on) once it had joined the run (or we killed it for
+        outliving the server); before, passed on."""
         assert self.lost_dir is not None
         if not overstayed and not self._joined_mark.exists():
             print(
@@ -240,6 +239,8 @@ class Supervisor:
         if overstayed:
             record["overstayed"] = True
             record["reason"] = f"killed: {overstayed}"
+        elif why:
+            record["reason"] = why
         path = write_lost_record(self.lost_dir, record)
         after = "" if overstayed else "; the run carries on without it"
         print(
