@@ -393,6 +393,8 @@ def test_tether_launch_keeps_an_asynchronous_run_going_without_a_lost_worker(
     assert "worker rank 2 finished" not in result.stdout
     lost = re.search(r"worker rank 2 lost .*SIGKILL.*\(details in (\S+)\)", result.stderr)
     assert lost, result.stderr[-2000:]
+    # said once, by its supervisor as it happened (the server said it again at the end)
+    assert "worker rank 2 was lost" not in result.stderr, result.stderr[-2000:]
     record = Path(lost.group(1))  # the record the message names is there after the run
     try:
         assert json.loads(record.read_text())["exit"] == "killed by SIGKILL"

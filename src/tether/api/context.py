@@ -27,6 +27,7 @@ from tether.config import TrainConfig
 from tether.data.sharding import WorkerSampler
 from tether.errors import TetherError
 from tether.launch.env import DistEnv
+from tether.launch.lost import losses_said_by_supervisors
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.joined import mark_joined
@@ -199,7 +200,8 @@ class Context:
             self.config.timeout_s,
             "after every worker had finished: its pulse (its shutdown)",
         )
-        for rank, reason in sorted(result.lost_workers.items()):
+        lost = {} if losses_said_by_supervisors() else result.lost_workers  # said once each
+        for rank, reason in sorted(lost.items()):
             print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
         # A run whose every worker was lost did no work: the server's status says so, as the
         # trainer's server fails such a run (its workers may all have left with status 0).

@@ -13,6 +13,7 @@ Standard library only: the supervisor imports it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -30,6 +31,15 @@ SERVER_FINISHED = ".server-finished"
 # failure's report to say first (a server it killed for hanging once its workers were gone, a
 # rank killed by a SIGTERM the launcher did not send).
 CAUSE_MARK = "cause-rank-"
+# Set by the server's supervisor where its workers' supervisors record and report each lost
+# worker as it is lost (tether launch --method): a server in a user's own loop then does not
+# list them again when it ends, one line per loss.
+LOSSES_SAID_ENV = "TETHER_LOSSES_SAID"
+
+
+def losses_said_by_supervisors() -> bool:
+    """Whether this process's workers' supervisors report each lost worker (see above)."""
+    return os.environ.get(LOSSES_SAID_ENV) == "1"
 
 
 def describe_exit(returncode: int) -> str:

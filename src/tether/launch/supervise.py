@@ -54,6 +54,7 @@ from tether.launch.env import DistEnv, elastic_error_file
 from tether.launch.error_file import read_error_file
 from tether.launch.lost import (
     CAUSE_MARK,
+    LOSSES_SAID_ENV,
     SERVER_FINISHED,
     given_up_by_server,
     lost_record,
@@ -179,6 +180,8 @@ class Supervisor:
         if self.marks_dir is not None:
             self.marks_dir.mkdir(parents=True, exist_ok=True)
             env[LEFT_MARK_ENV] = str(self._left_mark)
+        if self.lost_dir is not None and self.rank == SERVER_RANK:
+            env[LOSSES_SAID_ENV] = "1"  # its workers' supervisors say each loss (_lost)
         self.child = subprocess.Popen(
             self.command, env=env, preexec_fn=die_with_parent(), process_group=0
         )
