@@ -49,12 +49,14 @@ def _coerce(key: str, value: Any) -> Any:
     raise TetherError(f"config key {key!r} must be {names}, got {value!r}")
 
 
+OPTIONS_DOC = "docs/options.md"  # the reference of every key (a test keeps it complete)
 # other frameworks' names for a key, which no spelling distance finds
 OTHER_NAMES = {"learning_rate": "lr", "lr_scheduler": "lr_schedule", "scheduler": "lr_schedule"}
 
 
 def apply_overrides(config: TrainConfig, values: Mapping[str, Any]) -> TrainConfig:
-    """Return ``config`` with ``values`` applied; unknown keys list the valid ones."""
+    """Return ``config`` with ``values`` applied; an unknown key is refused with the nearest
+    ones (eighty would hide them) and where every key is described."""
     valid = field_names()
     changes = {}
     for key, value in values.items():
@@ -62,7 +64,7 @@ def apply_overrides(config: TrainConfig, values: Mapping[str, Any]) -> TrainConf
             close = [OTHER_NAMES[key]] if key in OTHER_NAMES else []
             close = close or difflib.get_close_matches(key, valid, n=2, cutoff=0.6)
             meant = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            raise TetherError(f"unknown config key {key!r}{meant}; valid keys: {', '.join(valid)}")
+            raise TetherError(f"unknown config key {key!r}{meant}; every key: {OPTIONS_DOC}")
         changes[key] = _coerce(key, value)
     return dataclasses.replace(config, **changes)
 

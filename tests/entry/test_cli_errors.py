@@ -45,7 +45,7 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         ),
         (
             ["--set", "learning_rate=0.1"],
-            "unknown config key 'learning_rate' (did you mean 'lr'?); valid keys:",
+            "unknown config key 'learning_rate' (did you mean 'lr'?); every key: docs/options.md",
         ),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
         (["--resume", "/nonexistent"], "cannot resume /nonexistent: no such directory"),

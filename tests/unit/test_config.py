@@ -41,7 +41,8 @@ def test_overrides_check_keys_and_types() -> None:
     config = apply_overrides(TrainConfig(), {"lr": 1, "target_accuracy": 0.5})
     assert config.lr == 1.0 and isinstance(config.lr, float)
     with pytest.raises(
-        TetherError, match=r"unknown config key 'lrr' \(did you mean 'lr'\?\); valid keys: method, "
+        TetherError,
+        match=r"unknown config key 'lrr' \(did you mean 'lr'\?\); every key: docs/options.md$",
     ):
         apply_overrides(TrainConfig(), {"lrr": 0.1})
     with pytest.raises(TetherError, match="'workers' must be int"):
