@@ -9,6 +9,7 @@ a failed worker prints which rank failed and why and exits with code 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -294,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.command_line = ["tether", *(sys.argv[1:] if argv is None else argv)]
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit, where a reader gone away is an unhandled error
+        return status
     except TetherError as exc:
         print(f"tether: error: {exc}", file=sys.stderr)
         return 2
@@ -304,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tether: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`tether list | head`): no traceback, and none again when
+        # Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -113,3 +113,17 @@ def test_usage_errors_are_one_line(capsys, argv: list[str], message: str) -> Non
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    # `tether list | head -2` printed a BrokenPipeError traceback
+    import subprocess
+    import sys
+
+    list_ = subprocess.Popen(
+        [sys.executable, "-m", "tether", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert list_.stdout is not None and list_.stderr is not None
+    list_.stdout.close()  # gone before it writes (it starts in about a second)
+    assert list_.wait(timeout=60) == 1
+    assert list_.stderr.read() == b""
