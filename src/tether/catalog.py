@@ -26,7 +26,7 @@ from tether.comm.collectives import collectives_for
 from tether.config import TrainConfig
 from tether.data import DATASETS, check_dataset, fill_dataset_cache, load_dataset
 from tether.data.user_data import infer_shape_and_classes, load_user_data
-from tether.errors import TetherError
+from tether.errors import SettingError, TetherError
 from tether.imports import is_import_path, load_object
 from tether.launch.partition import plan_partition, usable_cores
 from tether.methods import METHODS
@@ -181,12 +181,14 @@ def check_global_batch(config: TrainConfig, samples: int) -> None:
         else counted(config.workers, "worker")
     )
     if global_batch > samples:
-        raise TetherError(
-            f"the global batch ({who} x batch {config.batch_size} x "
-            f"accumulate {config.accumulate} = {global_batch}) is larger than the training set "
-            f"({samples} samples): lower the batch size, the workers or the accumulation "
-            "(--batch-size, --workers, --accumulate; batch_size=, workers=, accumulate= in "
-            "Python)"
+        accumulated = config.accumulate > 1
+        raise SettingError(
+            "batch_size",
+            f"the global batch ({who} x batch {config.batch_size}"
+            + (f" x accumulate {config.accumulate}" if accumulated else "")
+            + f" = {global_batch}) is larger than the training set ({samples} samples): lower "
+            "{options}",
+            ("batch_size", "workers", *(("accumulate",) if accumulated else ())),
         )
 
 

@@ -17,10 +17,16 @@ from typing import Any, NoReturn
 
 from tether.batch_notes import batch_text
 from tether.config import TrainConfig
-from tether.errors import TetherError, WorkerFailure
+from tether.errors import SettingError, TetherError, WorkerFailure
 from tether.perf_commands import add_perf_parsers
 from tether.run_names import run_stamp
-from tether.train_options import add_train_options, as_flag, config_from_args, given_values
+from tether.train_options import (
+    add_train_options,
+    as_flag,
+    config_from_args,
+    given_values,
+    said_as_typed,
+)
 from tether.words import counted
 
 
@@ -299,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at exit, where a reader gone away is an unhandled error
         return status
     except TetherError as exc:
-        print(f"tether: error: {exc}", file=sys.stderr)
+        said = said_as_typed(exc, args) if isinstance(exc, SettingError) else exc
+        print(f"tether: error: {said}", file=sys.stderr)
         return 2
     except WorkerFailure as exc:
         print(f"tether: error: {exc}", file=sys.stderr)

@@ -16,17 +16,28 @@ class TetherError(Exception):
 
 class SettingError(TetherError):
     """A setting's value refused: the message begins with its config key (``key``), which a
-    command line says as the option the user typed (``--checkpoint-every must be >= 0``)."""
+    command line says as the option the user typed (``--checkpoint-every must be >= 0``). Its
+    advice may name the settings to change as ``{options}``: ``options``' keys, "a, b or c"."""
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, key: str, message: str, options: tuple[str, ...] = ()) -> None:
         self.key = key
+        self.template = message
+        self.options = options
+        super().__init__(self._with_options({}))
 
-    def respelled(self, said: Mapping[str, str]) -> TetherError:
+    def _with_options(self, said: Mapping[str, str]) -> str:
+        names = [said.get(key, key) for key in self.options]
+        either = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+        return self.template.replace("{options}", either)
+
+    def respelled(
+        self, said: Mapping[str, str], advised: Mapping[str, str] | None = None
+    ) -> TetherError:
         """The same refusal with each setting of ``said`` (key: how to say it) that it names
-        said so: the one it begins with, and any other before its value in brackets
-        (``ranks_per_node (4)``)."""
-        text = str(self)
+        said so: the one it begins with and any other before its value in brackets
+        (``ranks_per_node (4)``); those its advice names as ``advised`` says them (default:
+        ``said``; a command's flags, whether typed or not)."""
+        text = self._with_options(said if advised is None else advised)
         for key, words in said.items():
             text = re.sub(rf"^{key}(?= )|(?<![\w-]){key}(?= \([-\d])", words, text)
         return TetherError(text)

@@ -172,6 +172,14 @@ def as_flag(key: str, value: object = None) -> str:
     return flag if value is None else f"{flag} {value}"
 
 
+def said_as_typed(refused: SettingError, args: argparse.Namespace) -> TetherError:
+    """``refused`` with each setting it names said as the option the user typed (``args``
+    holds those; one from ``--set`` or ``--config`` stays a key), and the settings its advice
+    names as flags (every command that can meet such a refusal has those flags)."""
+    typed = {key: flag for key, flag in _FLAG_OF.items() if hasattr(args, key)}
+    return refused.respelled(typed, _FLAG_OF)
+
+
 def add_train_options(
     parser: argparse.ArgumentParser,
     out_default: str = "runs/METHOD-TIMESTAMP",
@@ -273,9 +281,8 @@ def config_from_args(
         overrides["workers"] = world_size - METHODS.get(str(method)).server_processes
     try:
         config = resolve_config(None, overrides, base)
-    except SettingError as refused:  # each setting said as the option typed, where it was one
-        typed = {key: flag for key, flag in _FLAG_OF.items() if hasattr(args, key)}
-        raise refused.respelled(typed) from None
+    except SettingError as refused:
+        raise said_as_typed(refused, args) from None
     if base is not None:
         # e.g. another --lr, which torch would undo; not one an --optimizer import path ignores
         check_kept(base, config, args.resume, own_component_keys(config))

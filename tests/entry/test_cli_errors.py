@@ -47,6 +47,11 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
             ["--set", "learning_rate=0.1"],
             "unknown config key 'learning_rate' (did you mean 'lr'?); every key: docs/options.md",
         ),
+        (
+            ["--dataset", "digits", "--batch-size", "600", "--set", "accumulate=2"],
+            "(2 workers x batch 600 x accumulate 2 = 2400) is larger than the training set (1500 "
+            "samples): lower --batch-size, --workers or --accumulate",
+        ),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
         (["--resume", "/nonexistent"], "cannot resume /nonexistent: no such directory"),
     ],
