@@ -246,7 +246,8 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     # resume: 20 steps at once, or 10, a checkpoint, and 10 more from it
     resumable = _task(scheduler=cosine, model=DropNet)
     _train(base, "whole", resumable, steps=20)
-    part = {"steps": 20, "checkpoint_every": 8}  # neither run's last step is a multiple
+    # neither run's last step is a multiple; traced, as a user's run may be (its trace is kept)
+    part = {"steps": 20, "checkpoint_every": 8, "timeline": True}
     first = {"steps": 10, "target": "loss<=100"}  # reached at the first evaluation
     out["part-first"] = _train(base, "part", resumable, **(part | first))
     saved = torch.load(base / "part" / "checkpoint.pt", weights_only=True) if rank == 0 else {}
@@ -254,11 +255,14 @@ def _everything(rank: int, world: int, root: str) -> dict[str, Any]:
     # resumed with another target, which no evaluation reaches
     out["part-resumed"] = _train(base, "part", resumable, **part, target="loss<=0", resume=True)
     kept = ("metrics.jsonl", "config.toml", "checkpoint.pt", "model.pt")
+    traced = [f"timeline/rank{rank}.json"] + ["timeline.json"] * (rank == 0)  # each its own
     files = [(base / "part" / n).read_bytes() for n in kept] if rank == 0 else []
+    traces = [(base / "part" / n).read_bytes() for n in traced]
     # nothing left to do, with a setting a resume may change: every file stays as it was
     out["part-again"] = _train(base, "part", resumable, **part, resume=True, timeout_s=29.0)
     if rank == 0:
         out["part-files-kept"] = files == [(base / "part" / n).read_bytes() for n in kept]
+    out["part-trace-kept"] = traces == [(base / "part" / n).read_bytes() for n in traced]
     # Stopped at its target at step 5, checkpointing every 3: it checkpoints the step it
     # stopped at (it saved 3 alone, and a resume ran steps 4-5 again and rewrote its files);
     # resumed as it was, it has nothing left to do; resumed with another target, it goes on.
@@ -448,6 +452,7 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert summaries["part-first-checkpoint"] == 10
     assert summaries["part-again"] == part  # finished: kept as it was
     assert summaries["part-files-kept"] is True
+    assert all(results[rank]["part-trace-kept"] for rank in range(WORLD))  # it was rewritten
     stopped = summaries["target-stop"]
     assert stopped["steps"] == 5 and summaries["target-stop-checkpoint"] == 5
     assert summaries["target-again"] == stopped and summaries["target-kept"] is True

@@ -86,12 +86,9 @@ class Trainer:
         self.is_writer = self.rank == 0
         self.run_dir = Path(config.out)
         self.timeline = get_timeline()
-        if config.timeline:
-            # Before the method is built, so its first collectives are on the trace too.
-            clear_rank_file(self.run_dir, self.rank)
+        if config.timeline:  # before the method is built: its first collectives are traced
             self.timeline = install_timeline(self.rank)
         self.step_tracer = StepTracer(self.timeline)
-        self.timeline_saved = False
 
         self.workers = computing_workers(config, self.transport.world_size)
         samples = len(task.train_data)  # type: ignore[arg-type]
@@ -147,6 +144,9 @@ class Trainer:
             self.record.retarget(config.target_spec)
         done = self.record.done(self.total_steps, config.stop_at_target)  # resumed: no step left
         self.end_step = self.record.start_step if done else self.total_steps
+        if config.timeline and not done:  # (done: the run's trace stands, as its results)
+            clear_rank_file(self.run_dir, self.rank)
+        self.timeline_saved = done
         self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
         self.method.start(self.record.start_step)
