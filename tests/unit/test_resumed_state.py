@@ -120,6 +120,21 @@ def test_a_servers_run_is_checked_against_a_workers_own_state(tmp_path: Path) ->
         _check(tmp_path, state, _task(sgd), method="async-easgd")
 
 
+def test_an_asynchronous_workers_schedule_is_checked_by_its_kind(tmp_path: Path) -> None:
+    # Its position is the global step's, so it was not kept, and a resume of async-easgd
+    # without the run's schedule trained at a constant rate without a word.
+    (tmp_path / SHARDS_DIR).mkdir()
+    run = adamw(MODEL.parameters())
+    own = {"optimizer": run.state_dict(), "scheduler": cosine(run).state_dict()}
+    torch.save({"step": 10, "optimizer_only": own}, tmp_path / SHARDS_DIR / "rank-1.pt")
+    state = {"method": {"updates": 30}}
+    _check(tmp_path, state, _task(adamw, cosine), method="async-easgd")
+    with pytest.raises(TetherError, match="without a learning-rate schedule: the run had one"):
+        _check(tmp_path, state, _task(adamw), method="async-easgd")
+    with pytest.raises(TetherError, match="with StepLR: the run's schedule was another kind"):
+        _check(tmp_path, state, _task(adamw, steps), method="async-easgd")
+
+
 def build_model() -> nn.Module:
     return MODEL
 

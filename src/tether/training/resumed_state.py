@@ -52,8 +52,8 @@ def check_resumed_state(
     )
     own = task.optimizer is not None and not isinstance(task.optimizer, NamedOptimizer)
     _check_optimizer(run_dir, saved["optimizer"], built, own)
-    if "optimizer_only" in saved:  # an asynchronous worker's: its schedule is the global step's
-        return
+    if "optimizer_only" in saved and "scheduler" not in saved:
+        return  # an asynchronous worker's, saved before its schedule's kind was kept with it
     try:  # at the run's length (a warm-up in epochs is none in a run of one-step epochs)
         length = run_length(config, len(task.train_data))  # type: ignore[arg-type]
         schedule = build_scheduler(task.scheduler, built, *length)

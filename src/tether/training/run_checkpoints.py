@@ -135,7 +135,9 @@ class RunCheckpoints:
         asynchronous worker its optimizer and loss scale alone."""
         own: dict[str, Any] = {"rng": random_state(self.device)}
         if self.optimizer_only:
-            own["optimizer_only"] = self.method.optimizer_state()
+            scheduler = self.method.scheduler  # its position is the global step's; its kind,
+            schedule = scheduler.state_dict() if scheduler is not None else None  # checked
+            own["optimizer_only"] = {**self.method.optimizer_state(), "scheduler": schedule}
         else:
             own |= {"model": self.method.model.state_dict(), "method": self.method.state_dict()}
         if self.served:  # a worker reports its totals to the server at its goodbye
