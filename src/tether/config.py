@@ -58,11 +58,9 @@ class TrainConfig:
     # When set, the run length in optimizer steps; it takes precedence over epochs.
     steps: int | None = None
     batch_size: int = 64  # per worker; the global batch is batch_size * workers
-    # When set and batch_size is not given, the per-worker batch shrinks as workers are added
-    # so that batch_size x P stays at most this many samples: global_batch_max // P, not
-    # below 16 (config_sources.held_batch_size); accumulate multiplies what one optimizer step
-    # takes (a user's choice, not held). 0: off. Set by the defaults of the methods
-    # whose workers step on their own batch (tether.methods.default_rates.own_batch_rate).
+    # When set and neither batch_size nor lr is given, the per-worker batch shrinks as workers
+    # are added: global_batch_max // P, not below global_batch_max // 8 (config_sources.
+    # held_batch_size). 0: off. Set by the methods whose workers step on their own batch.
     global_batch_max: int = 0
     lr: float = 0.05
     momentum: float = 0.9
@@ -162,8 +160,7 @@ class TrainConfig:
     threads_per_worker: int = 0
     pin_workers: bool = True
     checkpoint_every: int = 0
-    # Elastic averaging (EASGD family): alpha directly, or rho with alpha = lr * rho; neither
-    # gives the EASGD paper's beta = workers * alpha = 0.9.
+    # EASGD's elastic rate: alpha, or rho with alpha = lr * rho (the scaled lr); neither: 0.9 / P.
     alpha: float | None = None
     rho: float | None = None
     # Communication period in local steps (EASGD exchanges, local-sgd averaging, async pushes).
@@ -180,9 +177,8 @@ class TrainConfig:
     # Collective / point-to-point timeout: a hung peer turns into an error after this long.
     timeout_s: float = 60.0
     progress: bool = True
-    # Fault injection for reliability tests: rank `fault_rank` fails at step `fault_step`
-    # (-1: no fault). Kinds: raise an exception, kill -9 itself, hang forever, stop itself with
-    # SIGSTOP, or (parameter-server workers) hang between sending a message and reading the reply.
+    # Fault injection for reliability tests: rank `fault_rank` fails at step `fault_step` (-1:
+    # none): raise, kill -9 itself, hang, SIGSTOP itself, or hang between a send and its reply.
     fault_rank: int = -1
     fault_step: int = 0
     fault_kind: str = "raise"
@@ -277,8 +273,12 @@ class TrainConfig:
         _require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
         if self.alpha is not None:
             _require(0 < self.alpha < 1, f"alpha must be in (0, 1), got {self.alpha}")
-        if self.rho is not None:
-            _require(self.rho > 0, f"rho must be > 0, got {self.rho}")
+        _require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
+        _require(
+            self.rho is None or self.alpha is None,
+            f"rho ({self.rho}) and alpha ({self.alpha}) set one rate twice (alpha = lr x rho): "
+            "give one of them",
+        )
         if self.staleness_bound is not None:
             _require(self.staleness_bound >= 0, "staleness_bound must be >= 0")
         _require(

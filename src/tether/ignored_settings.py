@@ -161,6 +161,30 @@ def long_warmup(
     )
 
 
+def cut_warmup(
+    config: TrainConfig, samples: int, supplied: Iterable[str] = (), spell: Spell = as_keyword
+) -> str | None:
+    """A message when a warm-up the user gave in epochs is cut to a quarter of the run
+    (:func:`~tether.optim.schedules.warmup_length`: the cut is there for the methods' default
+    half epoch, so that a short run still trains; a user's own was cut without a word)."""
+    own = config.warmup_epochs != METHODS.get(config.method).defaults.get("warmup_epochs", 0.0)
+    if not own or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
+        return None
+    try:
+        per_epoch = steps_per_epoch(config, samples, config.data_workers)
+    except TetherError:
+        return None
+    total = config.steps or config.epochs * per_epoch
+    asked = round(config.warmup_epochs * per_epoch)
+    if asked <= total // 4:
+        return None
+    return (
+        f"{spell('warmup_epochs', config.warmup_epochs)} ({asked} steps) is cut to a quarter of "
+        f"the run ({total // 4} of {total} steps); give it in {spell('warmup_steps')} to take "
+        "it as it is"
+    )
+
+
 def warn_long_warmup(
     config: TrainConfig,
     samples: int,
@@ -168,6 +192,10 @@ def warn_long_warmup(
     stacklevel: int = 2,
     spell: Spell = as_keyword,
 ) -> None:
-    message = long_warmup(config, samples, supplied, spell)
-    if message:
-        warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)
+    """Warn of a warm-up as long as the run, or of one given in epochs that was cut."""
+    for message in (
+        long_warmup(config, samples, supplied, spell),
+        cut_warmup(config, samples, supplied, spell),
+    ):
+        if message:
+            warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)

@@ -16,7 +16,12 @@ from tether.catalog import resolve_config as catalog_resolve
 from tether.config import TrainConfig
 from tether.config_sources import apply_overrides, load_toml, parse_set_options, resolve_config
 from tether.errors import TetherError
-from tether.ignored_settings import IgnoredSettingWarning, ignored_settings, long_warmup
+from tether.ignored_settings import (
+    IgnoredSettingWarning,
+    cut_warmup,
+    ignored_settings,
+    long_warmup,
+)
 from tether.methods import METHODS
 from tether.methods.default_rates import damped_step, describe_rate
 from tether.targets import Target, parse_target, target_text
@@ -138,6 +143,20 @@ def test_a_warm_up_as_long_as_the_run_is_named() -> None:
     assert long_warmup(dataclasses.replace(config, warmup_epochs=8.0), 1000) is None
     # the user's own schedule is the whole schedule: warmup_steps is not used (said elsewhere)
     assert long_warmup(too_long, 1000, supplied=["lr_schedule"]) is None
+
+
+def test_a_warm_up_in_epochs_cut_to_a_quarter_of_the_run_is_named() -> None:
+    """warmup_epochs=2 in a run of 40 steps warmed up over 10 steps without a word; the
+    method's own half epoch is cut as designed (a short run still trains)."""
+    config = TrainConfig(method="sync-sgd", workers=2, batch_size=10, steps=40)  # 50 an epoch
+    assert cut_warmup(dataclasses.replace(config, warmup_epochs=2.0), 1000, spell=as_flag) == (
+        "--warmup-epochs 2.0 (100 steps) is cut to a quarter of the run (10 of 40 steps); give "
+        "it in --warmup-steps to take it as it is"
+    )
+    assert cut_warmup(dataclasses.replace(config, warmup_epochs=0.5), 1000) is None  # default
+    assert cut_warmup(dataclasses.replace(config, warmup_epochs=0.2), 1000) is None  # fits
+    own = dataclasses.replace(config, warmup_epochs=2.0)
+    assert cut_warmup(own, 1000, supplied=["lr_schedule"]) is None
 
 
 def test_settings_a_method_ignores_are_named() -> None:
@@ -372,7 +391,7 @@ def test_fit_holds_the_batch_unless_given_and_init_leaves_it_to_the_loop() -> No
     check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8)
     # parallel_plan=None is no plan, as leaving it out (it was "must be a list of strings")
     check_fit(torch.nn.Linear(4, 2), data, method="sync-sgd", workers=1, parallel_plan=None)
-    with pytest.raises(TetherError, match=r"8 workers x batch 64 x accumulate 1 = 512\) is larger"):
+    with pytest.raises(TetherError, match=r"8 workers x batch 64 = 512\) is larger"):
         check_fit(torch.nn.Linear(4, 2), data, method="sync-easgd", workers=8, batch_size=64)
     config, own = init_configs("sync-easgd", 8, {})
     assert (config.batch_size, config.scaled_lr, own.batch_size) == (64, 0.4, 64)
@@ -536,3 +555,15 @@ def test_an_import_path_optimizer_or_schedule_sets_its_own_rate() -> None:
         assert (own.clip_grad_norm, own.warmup_epochs, own.lr_base_batch) == (None, 0.0, 0), key
     (scaling,) = ignored_settings(TrainConfig(optimizer="mypkg.opt:build"), {"lr_base_batch"})
     assert scaling == "lr_base_batch has no effect: your own optimizer sets its own"
+
+
+def test_rho_is_taken_on_the_rate_the_workers_step_with() -> None:
+    # alpha = eta * rho with eta the scaled rate (it took the unscaled lr: 0.4, not 0.283)
+    from tether.methods.elastic import elastic_rate
+
+    config = TrainConfig(lr=0.4, lr_base_batch=64, lr_scaling="sqrt", lr_batch="worker")
+    config = dataclasses.replace(config, batch_size=32, rho=1.0)
+    assert config.scaled_lr == pytest.approx(0.4 * 0.5**0.5)
+    assert elastic_rate(config, 2) == pytest.approx(config.scaled_lr)
+    with pytest.raises(TetherError, match=r"rho \(1.0\) and alpha \(0.3\) set one rate twice"):
+        dataclasses.replace(config, alpha=0.3).validate()

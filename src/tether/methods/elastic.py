@@ -25,11 +25,13 @@ ELASTIC_SETTINGS = frozenset({"alpha", "rho", "tau"})
 
 
 def elastic_rate(config: TrainConfig, workers: int) -> float:
-    """``alpha``: given directly, or ``lr * rho``, or the EASGD paper's ``beta = P*alpha = 0.9``."""
+    """``alpha``: given directly, or ``eta * rho`` (Zhang et al.'s parametrisation, eta the rate
+    the workers step with: ``lr`` scaled with the batch where ``lr_base_batch`` says so), or the
+    EASGD paper's ``beta = P*alpha = 0.9``."""
     if config.alpha is not None:
         return config.alpha
     if config.rho is not None:
-        return config.lr * config.rho
+        return config.scaled_lr * config.rho
     return 0.9 / workers
 
 
