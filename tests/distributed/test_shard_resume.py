@@ -53,6 +53,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tether.methods.base as base_module
+import tether.training.trainer as trainer_module
 from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.methods import METHODS, Placement
@@ -173,7 +174,16 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     # original-easgd: the same, its interrupted run stopped by the server at its evaluation
     common = {"method": "original-easgd", "steps": STEPS, "tau": TAU}
     common |= {"eval_every": STOP, "checkpoint_every": CHECKPOINT_EVERY}
-    _train(base / "original-easgd" / "whole", **common)
+    # The run's files (a server's TensorBoard writer takes a while to open) before the start:
+    # opened after it, the wait counted as its workers' communication.
+    order: list[str] = []
+    opened, started = trainer_module.open_run_files, METHODS.get("original-easgd").start
+    with (
+        mock.patch.object(trainer_module, "open_run_files", lambda *a: order.append("files") or opened(*a)),
+        mock.patch.object(METHODS.get("original-easgd"), "start", lambda m, s: order.append("start") or started(m, s)),
+    ):  # fmt: skip
+        _train(base / "original-easgd" / "whole", **common)
+    out["files-then-start"] = order
     interrupted = base / "original-easgd" / "interrupted"
     _stopped_as_by_a_crash(interrupted, **common)
     if rank == 0:
@@ -311,6 +321,7 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
 ) -> None:
     ranks, root = four_ranks
     assert len(ranks) == WORLD
+    assert all(rank["shard-resume"]["files-then-start"] == ["files", "start"] for rank in ranks)
     results, tmp_path = ranks[0]["shard-resume"], root / "shard-resume"
     for method in REPLICATED:
         res = results[method]

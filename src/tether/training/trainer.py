@@ -149,15 +149,16 @@ class Trainer:
         self.timeline_saved = done
         self.totals = self.checkpoints.totals  # this rank's so far (a resumed run's included)
         self.scoring.fix_metrics()
+        # before the start: a server's TensorBoard writer takes a while to open, which its
+        # workers, past their start, counted as communication (kept: a finished run's stand)
+        files = open_run_files(self.config, self.record, self.total_steps, self.is_writer)
+        self.metrics, self.tensorboard, self.kept = files.metrics, files.tensorboard, files.kept
         self.method.start(self.record.start_step)
         mark_joined()  # a worker lost from now on is one the run can carry on without
         self.checkpoints.restore_random_state()  # after all that draws at start-up
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
-        # A finished run resumed with nothing left to do: its results and metrics stand.
-        files = open_run_files(self.config, self.record, self.total_steps, self.is_writer)
-        self.metrics, self.tensorboard, self.kept = files.metrics, files.tensorboard, files.kept
         self.t0 = time.perf_counter()
         try:
             with self.step_tracer.timing_updates():
