@@ -222,10 +222,12 @@ def on_every_rank(rank: int, world: int, root: str) -> dict[str, Any]:
     # to do
     run = base / "async-easgd"
     settings = {"method": "async-easgd", "steps": 10, "tau": 1, "checkpoint_every": 4}
-    _train(run, **settings, eval_every=10)
+    served = _train(run, **settings, eval_every=10)
     if rank == 0:
         checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
         out["async-easgd"] = {"step": checkpoint["step"], "center": _flat(checkpoint["model"])}
+        # the time it checkpointed and evaluated, told to its workers in each reply
+        out["async-easgd"]["server_busy_s"] = served.method.server.busy_s  # type: ignore[attr-defined]
         shards = sorted((run / "checkpoint-ranks").iterdir())
         out["async-easgd"]["shards"] = [torch.load(p, weights_only=True)["step"] for p in shards]
         out["async-easgd"]["finished"] = _summary(run)
@@ -363,6 +365,7 @@ def test_shards_resume_bitwise_and_a_finished_async_run_resumes_its_center(
     assert mid_round["step"] == 9, mid_round
     assert "warning" not in mid_round["resume_stderr"], mid_round["resume_stderr"]
     checkpoint = results["async-easgd"]
+    assert checkpoint["server_busy_s"] > 0
     assert checkpoint["step"] == 10  # the run's last step, not a multiple of 4
     assert checkpoint["shards"] == [10] * (WORLD - 1)  # each worker's optimizer at its last
     assert np.array_equal(_saved(tmp_path / "async-easgd"), checkpoint["center"])

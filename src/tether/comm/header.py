@@ -60,10 +60,17 @@ class MessageHeader:
     step: int
     length: int  # number of payload elements
     dtype: torch.dtype
-    # A worker's training loss, the mean over its last ``loss_steps`` local steps (0: none),
-    # riding on the message it sends anyway, so that the server can log every worker's loss.
+    # A worker's training loss, the mean over its last ``loss_steps`` local steps, riding on
+    # the message it sends anyway, so that the server can log every worker's loss. With
+    # ``loss_steps`` 0 the word says, in a server's reply, the seconds the server has spent so
+    # far on work of its own between replies (evaluating, saving): a worker tells that part of
+    # its wait from communication by it (``busy_s``).
     loss: float = 0.0
     loss_steps: int = 0
+
+    @property
+    def busy_s(self) -> float:
+        return self.loss if self.loss_steps == 0 else 0.0
 
     def encode(self) -> torch.Tensor:
         loss_bits = int(torch.tensor([self.loss], dtype=torch.float64).view(torch.int64))
@@ -126,8 +133,10 @@ class MessageHeader:
                 f"message {where} announces {length} elements, buffer holds {max_length}: "
                 "the peers were started with different models"
             )
-        if not 0 <= loss_steps <= MAX_STEP or (loss_steps == 0 and loss_bits != 0):
+        if not 0 <= loss_steps <= MAX_STEP:
             raise ProtocolError(f"message {where} has a loss over {loss_steps} steps")
         # Any float is a loss (a diverging worker's is inf or NaN): it is logged, never used.
         loss = float(torch.tensor([loss_bits], dtype=torch.int64).view(torch.float64))
+        if loss_steps == 0 and not 0 <= loss < MAX_STEP:  # busy seconds (NaN fails too)
+            raise ProtocolError(f"message {where} says its sender was busy for {loss} s")
         return MessageHeader(parsed, sender, step, length, CODE_DTYPES[code], loss, loss_steps)

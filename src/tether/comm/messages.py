@@ -90,7 +90,8 @@ class MessageProtocol:
         loss: tuple[float, int] = (0.0, 0),
     ) -> Any:
         """Send header then payload without blocking; keep the result and ``wait()`` on it.
-        ``loss``: (mean loss, over how many steps), for the header's loss report."""
+        ``loss``: (mean loss, over how many steps), for the header's loss report; a server's
+        reply: (busy seconds so far, 0) (see :class:`~tether.comm.header.MessageHeader`)."""
         payload = payload.detach().contiguous().view(-1)
         n = payload.numel()
         header = MessageHeader(kind, self.rank, step, n, payload.dtype, *loss).encode()

@@ -88,7 +88,7 @@ class AsyncSGD(ServerMethod):
                 self.flat.copy_(weights)
             self.accumulated.zero_()
             self.pushable = 0
-            times.waited(start, self.clock())
+            times.waited(start, self.clock(), self.link.take_paused())
         return loss
 
     # -- server ----------------------------------------------------------------------------------

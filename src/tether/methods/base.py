@@ -35,6 +35,7 @@ from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.methods.flat import check_one_buffer
+from tether.methods.step_times import StepTimes
 from tether.observe.metrics import PhaseTotals
 from tether.optim import LOCAL_STEPS, OptimizerSettings, check_distributable, needs_closure
 from tether.optim.schedule_resume import (
@@ -61,26 +62,6 @@ returns None when the caller already did: a user's own loop)."""
 class Role(enum.Enum):
     WORKER = "worker"
     SERVER = "server"
-
-
-@dataclass
-class StepTimes:
-    """Seconds one step spent waiting for communication, filled in by the method; the caller
-    counts the rest of the step as computation."""
-
-    comm_s: float = 0.0  # communication that was NOT hidden under computation
-    # When those waits happened (``time.perf_counter`` start and end, as :meth:`waited` records
-    # them), so that the timeline shows them where they were instead of laying durations out in
-    # order: one preemption of a few milliseconds inside a step is enough for a layout by
-    # durations to put sync SGD's wait after its update.
-    comm_spans: list[tuple[float, float]] = field(default_factory=list)
-    compute_s: float = 0.0  # set by the caller: the step's time minus comm_s
-
-    def waited(self, start: float, end: float) -> None:
-        """Count the exposed communication from ``start`` to ``end`` (method clock readings)."""
-        self.comm_s += end - start
-        if end > start:
-            self.comm_spans.append((start, end))
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class ElasticServerMethod(ServerMethod):
             center = self.link.exchange(self.flat, MessageKind.PARAMS, self.local_step)
             if center is not None:
                 elastic_worker_update(self.flat, center, self.alpha)
-            times.waited(start, self.clock())
+            times.waited(start, self.clock(), self.link.take_paused())
             self.advance_schedule(self.link.global_step)
         return loss
 

@@ -9,6 +9,7 @@ the trainer can evaluate, checkpoint and show progress while the server serves.
 from __future__ import annotations
 
 import copy
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -291,5 +292,7 @@ class ServerMethod(TrainingMethod):
                     after_reply(msg)
                 self.updates += 1
                 consistent = round_end is None or round_end(msg)
+                began = time.perf_counter()  # the server's own work: its workers' pause
                 stopping = hooks.on_progress(self.server.state.global_step(), consistent)
+                self.server.busy_s += time.perf_counter() - began
             return self.updates

@@ -87,6 +87,9 @@ class ServerEndpoint:
         self.silence_timeout_s = silence_timeout_s
         self._heard: dict[int, float] = {}
         self._busy_sent = -float("inf")  # when keep_waiting last told the workers
+        # Seconds of the server's own work between replies so far (evaluations, checkpoints:
+        # the serving loop counts them), in each reply's header for the workers' timing.
+        self.busy_s = 0.0
         self._told_to_stop: set[int] = set()  # they read nothing more
         # Round-robin only: a worker's next message (or what reading it raised), taken in by
         # keep_waiting before its turn, while the server evaluates (see _read_ahead).
@@ -380,6 +383,8 @@ class ServerEndpoint:
             self._told_to_stop.add(rank)
         step = self.state.global_step()
         try:
-            self.lines.post(rank, payload if not stop else payload[:0], kind, step)
+            self.lines.post(
+                rank, payload if not stop else payload[:0], kind, step, busy_s=self.busy_s
+            )
         except Exception as exc:
             self._mark_lost(WorkerLost(rank, str(exc).splitlines()[0][:200]))

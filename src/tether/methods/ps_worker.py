@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -38,6 +39,10 @@ class WorkerEndpoint:
         # main thread inside an exchange (which ends by its own timeout), or one that failed.
         self.in_exchange = 0
         self.failed = False
+        # The server's busy seconds (evaluating, saving) as its last reply said, and the part
+        # of this worker's waits since the last take_paused that they explain.
+        self._server_busy_s = 0.0
+        self._paused_s = 0.0
 
     @contextlib.contextmanager
     def exchanging(self) -> Iterator[None]:
@@ -98,6 +103,7 @@ class WorkerEndpoint:
     def exchange(self, payload: torch.Tensor, kind: MessageKind, step: int) -> torch.Tensor | None:
         """Send ``payload`` (the flat weights or gradient) and return the server's reply, or
         None when the server asks this worker to stop (the target accuracy was reached)."""
+        sent = time.perf_counter()
         with self.exchanging():
             self.transport.send_message(
                 payload, SERVER, kind, step=step, channel=DATA_CHANNEL, loss=self.take_loss()
@@ -105,8 +111,25 @@ class WorkerEndpoint:
         if self.on_sent is not None:  # not an exchange: it ends by no timeout of ours
             self.on_sent(step)
         with self.exchanging():
-            reply = self.exchange_reply()
+            reply = self._reply_to(sent)
         return None if self.stop_requested else reply
+
+    def _reply_to(self, sent: float) -> torch.Tensor:
+        """The reply to what we sent at ``sent``; the server's own work since its last reply
+        to us, as far as we waited for it, counted as paused: an evaluation while we computed
+        cost us nothing, one while we waited is no communication (the workers' comm share
+        counted the server's evaluations)."""
+        busy_before = self._server_busy_s
+        reply = self.exchange_reply()
+        busy = self._server_busy_s - busy_before
+        self._paused_s += min(busy, time.perf_counter() - sent)
+        return reply
+
+    def take_paused(self) -> float:
+        """Seconds of this worker's waits since the last call that the server spent on its
+        own work (evaluating, saving); resets the count."""
+        paused, self._paused_s = self._paused_s, 0.0
+        return paused
 
     def exchange_reply(self) -> torch.Tensor:
         """The server's reply. Each receive waits up to the run's timeout; a BUSY (the server
@@ -117,6 +140,7 @@ class WorkerEndpoint:
         if msg.header.kind is MessageKind.STOP:
             self.stop_requested = True
         self.global_step = max(self.global_step, msg.header.step)
+        self._server_busy_s = max(self._server_busy_s, msg.header.busy_s)
         return msg.payload
 
     def fetch(self, step: int = 0) -> torch.Tensor | None:
@@ -125,9 +149,10 @@ class WorkerEndpoint:
         if self.stop_requested:
             return None
         empty = torch.empty(0, dtype=self.params.dtype)
+        sent = time.perf_counter()
         with self.exchanging():
             self.transport.send_message(empty, SERVER, MessageKind.PULL, step, DATA_CHANNEL)
-            reply = self.exchange_reply()
+            reply = self._reply_to(sent)
         return None if self.stop_requested else reply
 
     def goodbye(self, totals: PhaseTotals, step: int = 0) -> None:

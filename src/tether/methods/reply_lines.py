@@ -88,13 +88,20 @@ class ReplyLines:
         self.lines = {rank: ReplyLine(rank, on_failure) for rank in workers}
 
     def post(
-        self, rank: int, payload: torch.Tensor, kind: MessageKind, step: int, tracked: bool = True
+        self,
+        rank: int,
+        payload: torch.Tensor,
+        kind: MessageKind,
+        step: int,
+        tracked: bool = True,
+        busy_s: float = 0.0,
     ) -> None:
         """Send ``payload`` to ``rank`` without waiting for it to be read. The payload is copied
         first: the server goes on changing its vector while the bytes are on their way.
-        ``tracked=False``: a message that is no reply (see :meth:`ReplyLine.post`)."""
+        ``tracked=False``: a message that is no reply (see :meth:`ReplyLine.post`). ``busy_s``:
+        the server's seconds of its own work so far, in the header."""
         snapshot = payload.detach().clone()
-        send = self.transport.isend_message(snapshot, rank, kind, step)
+        send = self.transport.isend_message(snapshot, rank, kind, step, loss=(busy_s, 0))
         self.lines[rank].post(send, time.monotonic(), tracked)
 
     def overdue(self, limit_s: float) -> dict[int, float]:

@@ -293,7 +293,7 @@ class Trainer:
                 times = self.optimizer.last_times
                 # The step's time that was neither waiting for communication nor loading data.
                 elapsed = self.method.clock() - called
-                times.compute_s = max(0.0, elapsed - times.comm_s - later_data_s)
+                times.compute_s = max(0.0, elapsed - times.comm_s - times.paused_s - later_data_s)
                 data_s += later_data_s
                 step += 1
                 if tracing:
