@@ -17,7 +17,7 @@ test_two_level_easgd.py: tests/distributed/conftest.py; starting a group costs s
   then the first round end after 20), where every worker saves its shard; interrupted at its
   evaluation at step 25 (mid-round) and resumed, it ends bitwise equal to the uninterrupted run.
 - The resumed runs' summaries cover the whole run: the uninterrupted run's rounds, and every
-  step's samples over the whole wall time (the ranks' phase totals summed at the checkpoint;
+  step's samples over the whole training time (the ranks' phase totals summed at the checkpoint;
   original-easgd's workers keep theirs in their shards and report them to the server).
 - sync-easgd evaluates and saves its center: rounds, tau and alpha as the summary reports them.
 - original-easgd ending mid-round does not checkpoint its last step, where its workers keep no
@@ -311,10 +311,10 @@ def _summary(run: Path) -> dict[str, Any]:
 
 def _check_whole_run(whole: dict[str, Any], resumed: dict[str, Any], workers: int) -> None:
     """The resumed run's summary counts the whole run: the same rounds as the uninterrupted
-    run, every step's samples over the whole wall time."""
+    run, every step's samples over the whole training time."""
     assert resumed["rounds"] == whole["rounds"] > 0, (whole["rounds"], resumed["rounds"])
     samples = STEPS * 8 * workers
-    assert resumed["samples_per_s"] * resumed["wall_time_s"] == pytest.approx(samples)
+    assert resumed["samples_per_s"] * resumed["training_time_s"] == pytest.approx(samples)
     assert resumed["comm_fraction"] > 0 and resumed["time_split_s"]["compute"] > 0
 
 

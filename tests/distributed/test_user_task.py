@@ -12,7 +12,7 @@ through the trainer and through ``ctx.wrap`` in a user's loop, in one spawned gr
   uninterrupted one, on a model with dropout (the random state is checkpointed too); so does
   one interrupted past its checkpoint whose training data is a plain dataset read through a
   DataLoader (which draws no random number of the run's). The resumed run's summary covers the
-  whole run (rounds, and samples over the whole wall time, the time split at least the first
+  whole run (rounds, and samples over the whole training time, the time split at least the first
   part's) and times the target it runs with, not the checkpoint's. A run checkpoints its last
   step too, a multiple of checkpoint_every or not; a resume with nothing left to do (a setting
   it may change changed) leaves the finished run's summary, metrics, config, checkpoint and
@@ -441,8 +441,8 @@ def test_every_method_trains_the_users_task_and_the_wrap_path_is_exact(tmp_path:
     assert np.array_equal(whole, resumed)
     first, part = summaries["part-first"], summaries["part-resumed"]
     assert part["rounds"] == 20, part["rounds"]
-    samples = 20 * BATCH * WORLD  # every step's, the first part's too, over the whole wall time
-    assert part["samples_per_s"] * part["wall_time_s"] == pytest.approx(samples)
+    samples = 20 * BATCH * WORLD  # every step's, the first part's too, over the whole training time
+    assert part["samples_per_s"] * part["training_time_s"] == pytest.approx(samples)
     assert all(part["time_split_s"][k] >= v > 0 for k, v in first["time_split_s"].items())
     assert part["comm_fraction"] > 0
     # the time to target is the resumed run's target's (not reached), not the first part's

@@ -20,6 +20,7 @@ REQUIRED_FIELDS = (
     "final_test_accuracy",
     "final_test_loss",
     "wall_time_s",
+    "training_time_s",
     "time_to_target_s",
     "comm_fraction",
     "samples_per_s",
@@ -82,7 +83,7 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"{summary['method']} on {counted(summary['workers'], 'worker')}{groups}, {summary['model']} / "
         f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
         _metrics_line(summary),
-        f"  wall time {summary['wall_time_s']:.1f} s  ({summary['samples_per_s']:.0f} samples/s)",
+        _time_line(summary),
         f"  communication share {summary['comm_fraction']:.1%} of worker time (not hidden)",
     ]
     if target is not None:
@@ -101,3 +102,11 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
         )
     lines.append(f"  run directory: {run_dir}")
     return "\n".join(lines)
+
+
+def _time_line(summary: dict[str, Any]) -> str:
+    """The wall time, and the training time the rate is over (without the evaluations)."""
+    training = summary.get("training_time_s")  # (a summary of an earlier version has none)
+    trained = f", training {training:.1f} s" if training is not None else ""
+    rate = f"{summary['samples_per_s']:.0f} samples/s"
+    return f"  wall time {summary['wall_time_s']:.1f} s{trained}  ({rate})"

@@ -27,12 +27,14 @@ def run_summary(
     record: RunRecord,
     last_step: int,
     totals: PhaseTotals,
-    wall: float,
+    clocks: tuple[float, float],
     data_workers: int,
     steps_per_epoch: int,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """summary.json's dict; ``extra`` adds the method's own entries (rounds, lost workers)."""
+    """summary.json's dict; ``clocks``: the run's wall time and its training time (without the
+    evaluation pauses); ``extra`` adds the method's own entries (rounds, lost workers)."""
+    wall, training = clocks
     final = record.history[-1] if record.history else {}
     final_metrics = {
         key.removeprefix("test_"): value for key, value in final.items() if key.startswith("test_")
@@ -65,14 +67,16 @@ def run_summary(
         "final_test_loss": final_metrics.get("loss"),
         "final_metrics": final_metrics,
         "wall_time_s": wall,
+        "training_time_s": training,
         "target": str(target) if target else None,
         "target_accuracy": config.target_accuracy,
         "time_to_target_s": record.time_to_target,
         "comm_fraction": totals.comm_fraction,
         "time_split_s": {"data": totals.data_s, "compute": totals.compute_s, "comm": totals.comm_s},
-        # Samples processed over the wall time they took: the whole run's, where a resumed
-        # run's totals count those before the checkpoint (they do: training.run_checkpoints)
-        "samples_per_s": totals.samples / max(wall - record.uncounted_s, 1e-9),
+        # Samples processed over the training time they took (evaluations left out, which
+        # would make the rate depend on how often a run evaluates): the whole run's, where a
+        # resumed run's totals count those before the checkpoint (training.run_checkpoints)
+        "samples_per_s": totals.samples / max(training - record.uncounted_s, 1e-9),
         "evaluation_s": record.eval_s,
         # rank 0's node: workers, threads and cores of each (tether.launch.partition)
         "partition": method.context.placement.partition,

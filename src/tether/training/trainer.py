@@ -127,7 +127,7 @@ class Trainer:
         self.eval_every = eval_interval(
             config.eval_every, spe, self.total_steps, self.scoring.has_data
         )
-        self.tensorboard = None
+        self.served_s: float | None = None  # the training clock once a server's workers are done
         identity = {
             "method_name": config.method,
             "model_name": task.model_name,
@@ -178,8 +178,10 @@ class Trainer:
                     # every computing rank's (summary.json's workers counts them all)
                     group = self.config.model_parallel
                     totals = self.totals.all_reduced(self.world.all_reduce, group)
-                    eval_model = self.method.eval_model()  # collective: every rank calls it
-                    model_state = self._model_state(eval_model)  # collective too
+                    model = self.method.eval_model()  # collective: every rank calls it
+                    # (under model parallelism the unsharded model's: collective too)
+                    split = self.grid is not None
+                    model_state = full_state_dict(model) if split else model.state_dict()
                     if self.is_writer:
                         self._write_results(last, totals, model_state, self.method.summary_extra())
             # The other ranks wrote their files before the final synchronisation, so rank 0 can
@@ -223,6 +225,7 @@ class Trainer:
             result = self.method.serve(hooks)
         finally:  # its serving over: the server beats for its supervisor, or watches itself
             hooks.close(self.rank)
+        self.served_s = self._training_clock()
         last = max(result.global_step, self.record.start_step)
         stopped_at_target = self.config.stop_at_target and self.record.time_to_target is not None
         if not self.kept:
@@ -333,9 +336,9 @@ class Trainer:
         return self.record.elapsed_before + time.perf_counter() - self.t0
 
     def _training_clock(self) -> float:
-        """Training time: the run's clock without the evaluation pauses (``time_s`` of the
-        evaluations and of the loss lines in metrics.jsonl)."""
-        return self._elapsed() - self.record.eval_s
+        """Training time: the run's clock without the evaluation pauses (``time_s`` in
+        metrics.jsonl, samples_per_s's time); a server's stops once its workers are done."""
+        return self.served_s if self.served_s is not None else self._elapsed() - self.record.eval_s
 
     def _save_timeline(self, merge: bool = False) -> None:
         """Write this rank's timeline file once (and on rank 0 after a clean run, merge)."""
@@ -359,11 +362,6 @@ class Trainer:
         entry = evaluation_entry(clock, step, self.steps_per_epoch, result, final)
         record_evaluation(self.record, self.metrics, self.tensorboard, self.target, entry, result)
         return result
-
-    def _model_state(self, model: nn.Module) -> dict[str, Any]:
-        """The model's state_dict; under model parallelism the unsharded model's, gathered
-        from the model group (collective: every rank calls it)."""
-        return full_state_dict(model) if self.grid is not None else model.state_dict()
 
     def _checkpoint_end(self, step: int) -> None:
         """The run's end (its length or its target), unless it saved or resumed there."""
@@ -392,7 +390,7 @@ class Trainer:
             self.record,
             last_step,
             totals,
-            self._elapsed(),
+            (self._elapsed(), self._training_clock()),
             self.workers,
             self.steps_per_epoch,
             extra,
