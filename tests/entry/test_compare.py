@@ -41,6 +41,9 @@ def test_compare_one_method_end_to_end(tmp_path: Path) -> None:
     assert [h["step"] for h in row["history"]] == [6, 12]
     md = (out / "compare.md").read_text()
     assert "| sync-sgd |" in md and "comparison default" in md
+    # its defaults' warm-up (half an epoch, cut to a quarter of 12 steps) and clip, which
+    # the methods that have neither do not share: the row said neither
+    assert "warm-up steps 3, clip 2" in md
     assert (out / "compare.png").stat().st_size > 10_000
 
 

@@ -136,7 +136,8 @@ def settings_text(settings: dict[str, Any] | None) -> str:
     """A row's own settings, e.g. ``lr 0.4, batch 64, tau 1, alpha 0.225``."""
     if not settings:
         return "–"
-    names = {"batch_size": "batch"}
+    names = {"batch_size": "batch", "lr_schedule": "schedule", "warmup_steps": "warm-up steps"}
+    names |= {"clip_grad_norm": "clip"}
     return ", ".join(
         f"{names.get(key, key)} {value:g}"
         if isinstance(value, float)

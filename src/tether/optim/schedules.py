@@ -141,10 +141,20 @@ def schedule_name(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> str
     the scheduler's class (``SequentialLR``); None without one."""
     if scheduler is None:
         return None
+    named = _named_factor(scheduler)
+    return named.name if named is not None else type(scheduler).__name__
+
+
+def warmup_of(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> int:
+    """A named schedule's warm-up in steps, as it runs (0: none, or a user's own schedule)."""
+    named = _named_factor(scheduler)
+    return named.warmup_steps if named is not None else 0
+
+
+def _named_factor(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> WarmupFactor | None:
+    """The factor of a named schedule (a LambdaLR over a WarmupFactor), else None."""
     factors = getattr(scheduler, "lr_lambdas", [])
-    if factors and isinstance(factors[0], WarmupFactor):
-        return factors[0].name
-    return type(scheduler).__name__
+    return factors[0] if factors and isinstance(factors[0], WarmupFactor) else None
 
 
 class NamedSchedule:

@@ -9,7 +9,7 @@ from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.errors import TetherError
 from tether.methods import METHODS, MethodContext, Placement, TrainingMethod
-from tether.optim.schedules import build_scheduler
+from tether.optim.schedules import build_scheduler, schedule_name, warmup_of
 from tether.parallel import ProcessGrid
 from tether.training.model_parallel import shard_model
 from tether.training.random_state import seed_generators
@@ -89,11 +89,17 @@ def initial_lr(optimizer: torch.optim.Optimizer | None, fallback: float) -> floa
     return float(group.get("initial_lr", group.get("lr", fallback)))
 
 
-def run_settings(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> dict[str, object]:
+def run_settings(
+    config: TrainConfig,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> dict[str, object]:
     """The settings the run's method actually uses, for its summary and comparison row: the
     learning rate and momentum as ``optimizer`` took them (scaled or damped defaults, or a
-    user's own optimizer's; no momentum for one without it, Adam), the per-worker batch, and
-    the method's own settings that are set (tau, alpha, rho, ...)."""
+    user's own optimizer's; no momentum for one without it, Adam), the per-worker batch, the
+    method's own settings that are set (tau, alpha, rho, ...), and where they are on, a
+    schedule, its warm-up in steps (as cut: a method's default half epoch), gradient clipping,
+    accumulation and a precision other than fp32."""
     group = optimizer.param_groups[0] if optimizer is not None and optimizer.param_groups else {}
     lr = initial_lr(optimizer, config.scaled_lr)
     settings: dict[str, object] = {"lr": lr, "batch_size": config.batch_size}
@@ -103,4 +109,10 @@ def run_settings(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -
         value = getattr(config, key, None)
         if value is not None and key != "momentum":
             settings[key] = value
+    name, warmup = schedule_name(scheduler), warmup_of(scheduler)
+    settings |= {"lr_schedule": name} if name not in (None, "constant") else {}
+    settings |= {"warmup_steps": warmup} if warmup else {}
+    settings |= {"clip_grad_norm": config.clip_grad_norm} if config.clip_grad_norm else {}
+    settings |= {"accumulate": config.accumulate} if config.accumulate > 1 else {}
+    settings |= {"precision": config.precision} if config.precision != "fp32" else {}
     return settings

@@ -53,7 +53,8 @@ def run_summary(
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,
         "lr": initial_lr(method.optimizer, config.scaled_lr),  # as the optimizer took it
-        "settings": run_settings(config, method.optimizer),  # what it used (compare's rows)
+        # what it used (compare's rows)
+        "settings": run_settings(config, method.optimizer, method.scheduler),
         "optimizer": type(method.optimizer).__name__,
         "lr_schedule": schedule_name(method.scheduler),
         # fp16: the steps the writing rank skipped for an overflow (every rank's count in the
