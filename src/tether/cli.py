@@ -264,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         resumable=False,
         target_help="not taken: tether compare times every method to a test accuracy "
         "(--target-accuracy)",
+        unlisted=("method",),
     )
     compare.set_defaults(func=cmd_compare)
     launch = sub.add_parser(

@@ -185,14 +185,18 @@ def add_train_options(
     out_default: str = "runs/METHOD-TIMESTAMP",
     resumable: bool = True,
     target_help: str | None = None,
+    unlisted: tuple[str, ...] = (),
 ) -> None:
     """The training options of ``tether train`` (``tether compare``: its own --out default, no
-    --resume: a comparison is not resumed, and its own word on --target)."""
+    --resume: a comparison is not resumed, its own word on --target, and ``unlisted`` keys
+    left out of its help: --method, which it takes only to refuse in favour of --methods)."""
     for flag, key, typ, help_text in TRAIN_OPTIONS:
         if key == "out":
             help_text = f"run directory (default: {out_default})"
         if key == "target" and target_help is not None:
             help_text = target_help
+        if key in unlisted:
+            help_text = argparse.SUPPRESS
         parser.add_argument(flag, dest=key, type=typ, default=argparse.SUPPRESS, help=help_text)
     for flag, key, action, help_text in FLAG_OPTIONS:
         metavar = "LAYER=KIND,..." if key == "parallel_plan" else "NAME"

@@ -132,3 +132,10 @@ def test_a_reader_that_goes_away_gets_no_traceback() -> None:
     list_.stdout.close()  # gone before it writes (it starts in about a second)
     assert list_.wait(timeout=60) == 1
     assert list_.stderr.read() == b""
+
+
+def test_compares_help_lists_no_option_it_refuses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    listed = capsys.readouterr().out
+    assert "--methods A,B,..." in listed and "--method METHOD" not in listed
