@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
 from tether.batch_notes import batch_text
 from tether.config import TrainConfig
-from tether.errors import SettingError, TetherError, WorkerFailure
+from tether.errors import SettingError, TetherError, WorkerFailure, warnings_in_one_line
 from tether.perf_commands import add_perf_parsers
 from tether.run_names import run_stamp
 from tether.train_options import (
@@ -287,17 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warnings() -> None:
-    """Warnings (a setting the method ignores, ...) as one line each, like errors."""
-
-    def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"tether: warning: {message}", file=sys.stderr)
-
-    warnings.showwarning = show
-
-
 def main(argv: list[str] | None = None) -> int:
-    _one_line_warnings()
+    warnings_in_one_line()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command_line = ["tether", *(sys.argv[1:] if argv is None else argv)]

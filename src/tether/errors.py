@@ -7,6 +7,8 @@ The CLI prints its message as one line and exits with code 2, without a tracebac
 from __future__ import annotations
 
 import re
+import sys
+import warnings
 from collections.abc import Mapping
 
 
@@ -56,3 +58,15 @@ class WorkerFailure(Exception):
     def __init__(self, message: str, ranks: list[int]) -> None:
         super().__init__(message)
         self.ranks = ranks
+
+
+def warnings_in_one_line() -> None:
+    """Show warnings as one line each on stderr, like the errors (``tether: warning: ...``),
+    not Python's two lines pointing inside Tether: for the command lines, whose users did not
+    write the code a warning would point at."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        del category, filename, lineno, file, line
+        print(f"tether: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show

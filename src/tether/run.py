@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tether.cli import OneLineParser
 from tether.config import TrainConfig
-from tether.errors import TetherError
+from tether.errors import TetherError, warnings_in_one_line
 from tether.ignored_settings import IgnoredSettingWarning, warn_ignored
 from tether.launch.env import DistEnv
 from tether.methods.own_failure import leave_if_tolerated
@@ -55,6 +55,7 @@ def worker_config(args: argparse.Namespace, env: DistEnv) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    warnings_in_one_line()
     parser = OneLineParser(prog="python -m tether.run")
     add_train_options(parser)
     args = parser.parse_args(argv)
