@@ -167,7 +167,7 @@ class StepTracer:
         record("step", "step", begin, returned, step=step)
         record("data", "data", begin, begin + data_s, step=step)
         # The method's compute includes the updates timed apart: what is left is forward and
-        # backward (with no torch optimizer, e.g. EASGD's fused update, it stays "compute").
+        # backward (with no optimizer step timed in it, it stays "compute").
         compute_s -= sum(end - start for start, end in updates)
         # Waits whose times are known go where they happened; only a remainder (a method that
         # reports durations alone) is laid out by duration with the computation.
