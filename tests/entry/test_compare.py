@@ -132,7 +132,7 @@ def test_a_failed_method_does_not_stop_the_comparison(
     assert "[1/2] broken" in captured.err and "[2/2] works" in captured.err
     md = (tmp_path / "compare.md").read_text()
     assert "failed: worker rank 1 failed: RuntimeError: boom" in md
-    assert "| works | 1.0 | 90.00% |" in md and "| works | 1.0 | 90.00% |" in captured.out
+    assert "| works | 1.00 | 90.00% |" in md and "| works | 1.00 | 90.00% |" in captured.out
     assert "| lr 0.4, batch 64, tau 1, alpha 0.3 |" in md  # each row: what that method ran with
     assert "3 workers, batch 64 per worker (192 global)" in md  # what the runs shared
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]

@@ -72,7 +72,13 @@ def settings(target_is_default: bool = False) -> dict[str, Any]:
 def rows(tmp_path: Path) -> list[dict[str, Any]]:
     fast = fake_summary("sync-sgd", [0.5, 0.7, 0.82, 0.86])
     slow = fake_summary(
-        "async-easgd", [0.4, 0.6, 0.75], rounds=7, lost_workers=[3], comm_fraction=0.05
+        "async-easgd",
+        [0.4, 0.6, 0.75],
+        rounds=7,
+        lost_workers=[
+            {"rank": 3, "lost_at": "2026-11-22T14:03:52+0000", "reason": "killed by SIGKILL"}
+        ],
+        comm_fraction=0.05,
     )
     return [
         row_from_summary(fast, TARGET, tmp_path / "sync-sgd"),
@@ -123,8 +129,11 @@ def test_markdown_and_json(rows: list[dict[str, Any]], tmp_path: Path) -> None:
     assert len(table) == 2 + 3
     assert table[0].startswith("| method | time to 80% (s) | final accuracy | samples/s |")
     sync, easgd, failed = table[2:]
-    assert sync.split(" | ")[:7] == ["| sync-sgd", "3.0", "86.00%", "1234", "25.0%", "40", "4.5"]
-    assert "not reached" in easgd and "| 7 |" in easgd and "lost workers: 3" in easgd
+    # seconds to the hundredth below 10 s (0.44 and 0.31 s were both "0.4" and "0.3")
+    assert sync.split(" | ")[:7] == ["| sync-sgd", "3.00", "86.00%", "1234", "25.0%", "40", "4.50"]
+    assert "not reached" in easgd and "| 7 |" in easgd
+    # as the end-of-run summary says it (it was the summary's raw dict)
+    assert "lost workers: rank 3 at 14:03:52 (killed by SIGKILL)" in easgd
     # A "|" in the error message must not break the table.
     assert "failed: worker rank 1 failed: RuntimeError: boom \\| bad" in failed
     assert failed.count(" | ") == 8  # nine cells: the escaped "|" is not a separator

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.observe.files import atomic_write_json, atomic_write_text
+from tether.observe.summary import lost_worker_text
 
 # When the user gives no --target-accuracy, "time to target" means time to this test accuracy.
 DEFAULT_TARGET = 0.85
@@ -105,6 +106,11 @@ def _num(value: Any, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _seconds(value: float) -> str:
+    """Seconds to the hundredth below 10 s (0.44 and 0.31 s were both "0.4" and "0.3")."""
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
 def markdown_table(rows: Sequence[Row], target: float) -> str:
     """The comparison table, one line per method, in the order the methods ran."""
     header = (
@@ -119,14 +125,14 @@ def markdown_table(rows: Sequence[Row], target: float) -> str:
             reached = row["time_to_target_s"]
             lost = row.get("lost_workers") or []
             cells = [
-                "not reached" if reached is None else f"{reached:.1f}",
+                "not reached" if reached is None else _seconds(reached),
                 _num(row["final_test_accuracy"], ".2%"),
                 _num(row["samples_per_s"], ".0f"),
                 _num(row["comm_fraction"], ".1%"),
                 _num(row["rounds"], "d"),
-                _num(row["wall_time_s"], ".1f"),
+                "–" if row["wall_time_s"] is None else _seconds(row["wall_time_s"]),
                 _cell(settings_text(row.get("settings"))),
-                "lost workers: " + ", ".join(str(w) for w in lost) if lost else "",
+                _cell("lost workers: " + ", ".join(map(lost_worker_text, lost))) if lost else "",
             ]
         lines.append("| " + " | ".join([_cell(row["method"]), *cells]) + " |")
     return "\n".join(lines)

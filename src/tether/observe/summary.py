@@ -37,7 +37,7 @@ def missing_fields(summary: dict[str, Any]) -> list[str]:
     return sorted(set(missing))
 
 
-def _lost_worker(entry: dict[str, Any]) -> str:
+def lost_worker_text(entry: dict[str, Any]) -> str:
     """``rank 2 at 14:03:52 (killed by SIGKILL)``; the time is the local clock's."""
     when = str(entry.get("lost_at", ""))[11:19]  # HH:MM:SS of an ISO time
     return f"rank {entry.get('rank')}{f' at {when}' if when else ''} ({entry.get('reason', '?')})"
@@ -93,12 +93,12 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     if lost:
         lines.append(
             "  lost workers (the run carried on without them): "
-            + ", ".join(_lost_worker(entry) for entry in lost)
+            + ", ".join(lost_worker_text(entry) for entry in lost)
         )
     earlier = summary.get("lost_before_resume") or []
     if earlier:
         lines.append(
-            "  lost before the resume: " + ", ".join(_lost_worker(entry) for entry in earlier)
+            "  lost before the resume: " + ", ".join(lost_worker_text(entry) for entry in earlier)
         )
     lines.append(f"  run directory: {run_dir}")
     return "\n".join(lines)
