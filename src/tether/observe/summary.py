@@ -89,6 +89,17 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     if target is not None:
         when = f"after {reached:.1f} s" if reached is not None else "not reached"
         lines.append(f"  target {target}: {when}")
+    skipped = summary.get("fp16_skipped_steps")
+    if skipped and skipped >= summary["steps"]:  # a scale above fp16's range said nothing
+        lines.append(
+            f"  fp16: every step ({skipped}) overflowed and was skipped: nothing trained; start "
+            "from a lower loss_scale, or use bf16"
+        )
+    elif skipped:
+        lines.append(
+            f"  fp16: {skipped} of {summary['steps']} steps skipped for an overflow (the loss "
+            "scale finding its level)"
+        )
     lost = summary.get("lost_workers") or []
     if lost:
         lines.append(

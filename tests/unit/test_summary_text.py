@@ -1,0 +1,39 @@
+"""What a run prints at its end (tether.observe.summary), beyond the run directory contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tether.observe.summary import run_summary_text
+
+
+def _text(tmp_path: Path, **change: Any) -> str:
+    summary = {
+        "method": "sync-sgd",
+        "workers": 2,
+        "model": "lenet5",
+        "dataset": "fashion-mnist",
+        "steps": 20,
+        "epochs": 0.04,
+        "wall_time_s": 1.1,
+        "training_time_s": 0.5,
+        "samples_per_s": 4964.0,
+        "comm_fraction": 0.06,
+        "final_test_accuracy": 0.1,
+        **change,
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return run_summary_text(tmp_path)
+
+
+def test_fp16_steps_skipped_for_an_overflow_are_said(tmp_path: Path) -> None:
+    # A loss scale above fp16's range skipped every step: 10% accuracy, status 0, not a word
+    assert "wall time 1.1 s, training 0.5 s  (4964 samples/s)" in _text(tmp_path)
+    every = _text(tmp_path, fp16_skipped_steps=20)
+    assert "fp16: every step (20) overflowed and was skipped: nothing trained" in every
+    some = _text(tmp_path, fp16_skipped_steps=3)
+    assert "fp16: 3 of 20 steps skipped for an overflow" in some
+    assert "fp16:" not in _text(tmp_path, fp16_skipped_steps=0)
+    assert "fp16:" not in _text(tmp_path, fp16_skipped_steps=None)
