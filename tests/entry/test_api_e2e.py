@@ -739,11 +739,11 @@ import tether
 
 with warnings.catch_warnings(record=True) as heard:
     warnings.simplefilter("always")
-    ctx = tether.init(method="local-sgd", tau=2, epochs=3, workers=4)
+    ctx = tether.init(method="local-sgd", tau=2, epochs=3, workers=4, momentum=0.5)
+    net = torch.nn.Linear(3, 1)
+    model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
 for warning in heard:
     print("warned:", warning.message)
-net = torch.nn.Linear(3, 1)
-model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
 for _ in range(4):
     opt.zero_grad()
     model(torch.ones(2, 3)).pow(2).mean().backward()
@@ -773,6 +773,8 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert "step after finish: optimizer.step() after ctx.finish()" in result.stdout
     assert "warned: tether.init ignores epochs: your own loop decides" in result.stdout
     assert "warned: tether.init ignores workers=4: the launcher started 1" in result.stdout
+    # as tether.fit says it: a momentum given to init that the user's own optimizer ignores
+    assert "warned: momentum has no effect: your own optimizer sets its own" in result.stdout
 
 
 AGAIN_SCRIPT = """

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from tether.comm.transport import TorchTransport
 from tether.config import TrainConfig
 from tether.data.sharding import WorkerSampler
 from tether.errors import TetherError
+from tether.ignored_settings import IgnoredSettingWarning, ignored_settings
 from tether.launch.env import DistEnv
 from tether.launch.lost import losses_said_by_supervisors
 from tether.launch.teardown import shut_down_process_group
@@ -64,8 +66,10 @@ class Context:
         env: DistEnv,
         placement: Placement,
         own_optimizer_config: TrainConfig | None = None,
+        given: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
+        self.given = given  # the options tether.init was given (for ctx.wrap's warnings)
         # the run's config for a user's own optimizer (ctx.wrap(model, opt)): without the
         # method's defaults for its own rate (scaling, warm-up, clip), as tether.fit does
         self.own_optimizer_config = own_optimizer_config or config
@@ -159,6 +163,8 @@ class Context:
         if optimizer is not None:
             _check_optimizer_covers(model, optimizer)
             self.config = self.own_optimizer_config  # the user's optimizer sets its own rate
+            if self.rank == 0:  # where tether.init warned of the rest
+                _warn_own_optimizer_ignores(self.config, self.given)
         context = MethodContext(self.config, self.data, self.device, self.placement, self.grid)
         method = self.method_class(model, context, optimizer, scheduler)
         method.start(0)
@@ -291,6 +297,15 @@ class Context:
     def __repr__(self) -> str:
         role = "server" if self.is_server else f"worker {self.worker_index} of {self.workers}"
         return f"Context({self.config.method}, rank {self.rank}/{self.world_size}, {role})"
+
+
+def _warn_own_optimizer_ignores(config: TrainConfig, given: frozenset[str]) -> None:
+    """The settings given to tether.init that the user's own optimizer makes unused (lr,
+    momentum, lr_base_batch, ...), as tether.fit says them; init said the others already."""
+    said = set(ignored_settings(config, given, supplied=["lr_schedule"]))
+    for message in ignored_settings(config, given, supplied=["optimizer", "lr_schedule"]):
+        if message not in said:
+            warnings.warn(message, IgnoredSettingWarning, stacklevel=3)
 
 
 def _check_optimizer_covers(model: nn.Module, optimizer: Any) -> None:

@@ -124,7 +124,9 @@ def init(method: str | None = None, **options: Any) -> Context:
     _generation += 1
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
-    return Context(config, TorchTransport(), device, env, placement, own_optimizer)
+    return Context(
+        config, TorchTransport(), device, env, placement, own_optimizer, frozenset(options)
+    )
 
 
 def _server_taken_note(method: str, processes: int) -> str:
