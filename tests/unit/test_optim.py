@@ -115,6 +115,16 @@ def test_a_named_schedule_gets_the_run_length() -> None:
     assert NamedSchedule("constant", ScheduleSettings())(opt, total_steps=4) is None
 
 
+def test_a_warm_up_in_epochs_needs_the_steps_in_an_epoch() -> None:
+    # without them it was taken as one step an epoch: no warm-up to speak of, without a word
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    warm = NamedSchedule("cosine", ScheduleSettings(warmup_epochs=1.0))
+    with pytest.raises(ValueError, match="a warm-up of 1 epochs needs the steps in an epoch"):
+        warm(opt, total_steps=100)
+    sched = warm(opt, total_steps=100, steps_per_epoch=10)
+    assert sched is not None and opt.param_groups[0]["lr"] == pytest.approx(0.1)  # 1 of 10
+
+
 def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_runs_length() -> None:
     def cosine(total: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)

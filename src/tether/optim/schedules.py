@@ -167,8 +167,15 @@ class NamedSchedule:
         self.name, self.settings = name, settings
 
     def __call__(
-        self, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int = 1
+        self, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int | None = None
     ) -> torch.optim.lr_scheduler.LRScheduler | None:
+        if steps_per_epoch is None:  # (it was 1: a warm-up of one step for an epoch)
+            if self.settings.warmup_epochs:
+                raise ValueError(
+                    f"a warm-up of {self.settings.warmup_epochs:g} epochs needs the steps in an "
+                    "epoch: call it with steps_per_epoch=, or give the warm-up in warmup_steps"
+                )
+            steps_per_epoch = 1
         warmup = warmup_length(
             self.settings.warmup_steps, self.settings.warmup_epochs, total_steps, steps_per_epoch
         )
