@@ -214,11 +214,9 @@ class TrainConfig:
     @property
     def scaled_lr(self) -> float:
         """The learning rate the optimizer takes: ``lr``, or with ``lr_base_batch`` set ``lr``
-        times ``r = update_batch / lr_base_batch`` (the linear scaling rule, Goyal et al. 2017),
-        its square root (``sqrt``: Krizhevsky 2014, Hoffer et al. 2017),
-        ``min(r, lr_scale_max)`` (``linear-capped``: the linear rule holds up to a critical
-        batch, McCandlish et al. 2018, and beyond it a larger rate buys less and nears the edge
-        of the stable range), or ``min(sqrt(r), lr_scale_max)`` (``sqrt-capped``)."""
+        times ``r = update_batch / lr_base_batch`` (linear: Goyal et al. 2017), its square root
+        (Krizhevsky 2014, Hoffer et al. 2017), ``min(r, lr_scale_max)`` (the linear rule holds up
+        to a critical batch: McCandlish et al. 2018) or ``min(sqrt(r), lr_scale_max)``."""
         if not self.lr_base_batch:
             return self.lr
         r = self.update_batch / self.lr_base_batch
@@ -244,107 +242,12 @@ class TrainConfig:
         return None
 
     def validate(self) -> TrainConfig:
-        """Check ranges and names; returns self so calls chain. Raises TetherError on bad input."""
-        _check_magnitudes(self)
-        _require(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
-        _require(
-            self.workers <= MAX_WORKERS, f"workers must be <= {MAX_WORKERS}, got {self.workers}"
-        )
-        _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        _require(
-            self.global_batch_max >= 0,
-            f"global_batch_max must be >= 0 (0: off), got {self.global_batch_max}",
-        )
-        _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        _require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
-        _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        _require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
-        _require(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}")
-        _require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
-        _require(
-            self.threads_per_worker >= 0,
-            f"threads_per_worker must be >= 0 (0: divide the cores), got {self.threads_per_worker}",
-        )
-        _require(self.bucket_mb >= 0, f"bucket_mb must be >= 0, got {self.bucket_mb}")
-        _require(
-            self.checkpoint_every >= 0,
-            f"checkpoint_every must be >= 0, got {self.checkpoint_every}",
-        )
-        _require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
-        if self.alpha is not None:
-            _require(0 < self.alpha < 1, f"alpha must be in (0, 1), got {self.alpha}")
-        _require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
-        _require(
-            self.rho is None or self.alpha is None,
-            f"rho ({self.rho}) and alpha ({self.alpha}) set one rate twice (alpha = lr x rho): "
-            "give one of them",
-        )
-        if self.staleness_bound is not None:
-            _require(self.staleness_bound >= 0, "staleness_bound must be >= 0")
-        _require(
-            self.timeout_s >= MIN_TIMEOUT_S,
-            f"timeout_s must be >= {MIN_TIMEOUT_S:g} s (peers need time to answer), "
-            f"got {self.timeout_s}",
-        )
-        _require(
-            self.fault_rank >= -1,
-            f"fault_rank must be -1 (no fault) or a rank, got {self.fault_rank}",
-        )
-        _require(
-            self.ranks_per_node >= 0, f"ranks_per_node must be >= 0, got {self.ranks_per_node}"
-        )
-        if self.ranks_per_node:
-            _require(
-                self.workers % self.ranks_per_node == 0,
-                f"workers ({self.workers}) must be a multiple of ranks_per_node "
-                f"({self.ranks_per_node})",
-            )
-        _require(
-            self.model_parallel >= 1, f"model_parallel must be >= 1, got {self.model_parallel}"
-        )
-        _require(
-            self.workers % self.model_parallel == 0,
-            f"model_parallel ({self.model_parallel}) must divide the {self.workers} workers "
-            "(each model group takes that many ranks); choose workers as a multiple of it",
-        )
-        if self.target_accuracy is not None:
-            _require(
-                0 < self.target_accuracy <= 1,
-                f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}"
-                " (write 0.88 for 88%)",
-            )
-            _require(
-                self.target is None,
-                "give target_accuracy or target, not both (target_accuracy=0.88 is "
-                'target="accuracy>=0.88")',
-            )
-        if self.target is not None:
-            parse_target(self.target)
-        _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        _require(self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
-        _require(self.lr_decay_power > 0, "lr_decay_power must be > 0")
-        _require(self.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
-        _require(self.lr_scale_max > 0, f"lr_scale_max must be > 0, got {self.lr_scale_max}")
-        _require(self.async_base_workers >= 0, "async_base_workers must be >= 0 (0: no damping)")
-        if self.clip_grad_norm is not None:
-            _require(self.clip_grad_norm > 0, "clip_grad_norm must be > 0")
-        _require(self.lars_eta > 0, f"lars_eta must be > 0, got {self.lars_eta}")
-        for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            _require(value in choices, f"{name} must be {_one_of(choices)}, got {value!r}")
-        _require(self.lr_decay_every >= 0, "lr_decay_every must be >= 0")
-        _require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
-        _require(
-            0 <= self.label_smoothing < 1,
-            f"label_smoothing must be in [0, 1), got {self.label_smoothing}",
-        )
-        _require(self.accumulate >= 1, f"accumulate must be >= 1, got {self.accumulate}")
-        _require(self.loss_scale > 0, "loss_scale must be > 0")
-        _require(self.loss_scale_growth_interval >= 1, "loss_scale_growth_interval must be >= 1")
-        _require(self.loss_scale_growth >= 1, "loss_scale_growth must be >= 1")
-        _require(0 < self.loss_scale_backoff < 1, "loss_scale_backoff must be in (0, 1)")
-        _require(self.eval_batch_size >= 1, "eval_batch_size must be >= 1")
-        _require(self.loader_workers >= 0, "loader_workers must be >= 0")
+        """Check ranges and names; returns self so calls chain. Raises TetherError on bad input
+        (a SettingError, naming the setting and the value refused, where it is one's)."""
+        try:
+            _validate(self)
+        except SettingError as refused:
+            raise refused.with_value(getattr(self, refused.key)) from None
         return self
 
     def to_toml(self) -> str:
@@ -355,6 +258,101 @@ class TrainConfig:
             if v is not None
         }
         return tomli_w.dumps(data)
+
+
+def _validate(config: TrainConfig) -> None:
+    """Every range and format (see TrainConfig.validate); a refusal's value is added there."""
+    _check_magnitudes(config)
+    _require(config.workers >= 1, f"workers must be >= 1, got {config.workers}")
+    _require(config.workers <= MAX_WORKERS, f"workers must be <= {MAX_WORKERS}")
+    _require(config.batch_size >= 1, f"batch_size must be >= 1, got {config.batch_size}")
+    _require(config.global_batch_max >= 0, "global_batch_max must be >= 0 (0: off)")
+    _require(config.lr > 0, f"lr must be > 0, got {config.lr}")
+    _require(0 <= config.momentum < 1, f"momentum must be in [0, 1), got {config.momentum}")
+    _require(config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}")
+    _require(config.epochs >= 1, f"epochs must be >= 1, got {config.epochs}")
+    _require(config.steps is None or config.steps >= 1, f"steps must be >= 1, got {config.steps}")
+    _require(config.eval_every >= 0, f"eval_every must be >= 0, got {config.eval_every}")
+    _require(
+        config.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0: divide the cores)"
+    )
+    _require(config.bucket_mb >= 0, f"bucket_mb must be >= 0, got {config.bucket_mb}")
+    _require(config.checkpoint_every >= 0, "checkpoint_every must be >= 0")
+    _require(config.tau >= 1, f"tau must be >= 1, got {config.tau}")
+    if config.alpha is not None:
+        _require(0 < config.alpha < 1, f"alpha must be in (0, 1), got {config.alpha}")
+    _require(config.rho is None or config.rho > 0, f"rho must be > 0, got {config.rho}")
+    _require(
+        config.rho is None or config.alpha is None,
+        f"rho ({config.rho}) and alpha ({config.alpha}) set one rate twice (alpha = lr x rho): "
+        "give one of them",
+    )
+    if config.staleness_bound is not None:
+        _require(config.staleness_bound >= 0, "staleness_bound must be >= 0")
+    _require(
+        config.timeout_s >= MIN_TIMEOUT_S,
+        f"timeout_s must be >= {MIN_TIMEOUT_S:g} s (peers need time to answer), "
+        f"got {config.timeout_s}",
+    )
+    _require(
+        config.fault_rank >= -1,
+        f"fault_rank must be -1 (no fault) or a rank, got {config.fault_rank}",
+    )
+    _require(
+        config.ranks_per_node >= 0, f"ranks_per_node must be >= 0, got {config.ranks_per_node}"
+    )
+    if config.ranks_per_node:
+        _require(
+            config.workers % config.ranks_per_node == 0,
+            f"workers ({config.workers}) must be a multiple of ranks_per_node "
+            f"({config.ranks_per_node})",
+        )
+    _require(
+        config.model_parallel >= 1, f"model_parallel must be >= 1, got {config.model_parallel}"
+    )
+    _require(
+        config.workers % config.model_parallel == 0,
+        f"model_parallel ({config.model_parallel}) must divide the {config.workers} workers "
+        "(each model group takes that many ranks); choose workers as a multiple of it",
+    )
+    if config.target_accuracy is not None:
+        _require(
+            0 < config.target_accuracy <= 1,
+            f"target_accuracy is a fraction in (0, 1], got {config.target_accuracy}"
+            " (write 0.88 for 88%)",
+        )
+        _require(
+            config.target is None,
+            "give target_accuracy or target, not both (target_accuracy=0.88 is "
+            'target="accuracy>=0.88")',
+        )
+    if config.target is not None:
+        parse_target(config.target)
+    _require(config.warmup_steps >= 0, f"warmup_steps must be >= 0, got {config.warmup_steps}")
+    _require(config.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {config.warmup_epochs}")
+    _require(config.lr_decay_power > 0, "lr_decay_power must be > 0")
+    _require(config.lr_base_batch >= 0, "lr_base_batch must be >= 0 (0: no scaling)")
+    _require(config.lr_scale_max > 0, f"lr_scale_max must be > 0, got {config.lr_scale_max}")
+    _require(config.async_base_workers >= 0, "async_base_workers must be >= 0 (0: no damping)")
+    if config.clip_grad_norm is not None:
+        _require(config.clip_grad_norm > 0, "clip_grad_norm must be > 0")
+    _require(config.lars_eta > 0, f"lars_eta must be > 0, got {config.lars_eta}")
+    for name, choices in _CHOICES.items():
+        value = getattr(config, name)
+        _require(value in choices, f"{name} must be {_one_of(choices)}, got {value!r}")
+    _require(config.lr_decay_every >= 0, "lr_decay_every must be >= 0")
+    _require(0 < config.lr_decay <= 1, f"lr_decay must be in (0, 1], got {config.lr_decay}")
+    _require(
+        0 <= config.label_smoothing < 1,
+        f"label_smoothing must be in [0, 1), got {config.label_smoothing}",
+    )
+    _require(config.accumulate >= 1, f"accumulate must be >= 1, got {config.accumulate}")
+    _require(config.loss_scale > 0, "loss_scale must be > 0")
+    _require(config.loss_scale_growth_interval >= 1, "loss_scale_growth_interval must be >= 1")
+    _require(config.loss_scale_growth >= 1, "loss_scale_growth must be >= 1")
+    _require(0 < config.loss_scale_backoff < 1, "loss_scale_backoff must be in (0, 1)")
+    _require(config.eval_batch_size >= 1, "eval_batch_size must be >= 1")
+    _require(config.loader_workers >= 0, "loader_workers must be >= 0")
 
 
 def _check_magnitudes(config: TrainConfig) -> None:

@@ -32,6 +32,12 @@ class SettingError(TetherError):
         either = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
         return self.template.replace("{options}", either)
 
+    def with_value(self, value: object) -> SettingError:
+        """The refusal with the value refused (``, got -1``), where its rule does not say it."""
+        if " got " in self.template or " must " not in self.template:
+            return self
+        return SettingError(self.key, f"{self.template}, got {value!r}", self.options)
+
     def respelled(
         self, said: Mapping[str, str], advised: Mapping[str, str] | None = None
     ) -> TetherError:

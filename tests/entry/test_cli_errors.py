@@ -52,6 +52,9 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
             "(2 workers x batch 600 x accumulate 2 = 2400) is larger than the training set (1500 "
             "samples): lower --batch-size, --workers or --accumulate",
         ),
+        # the value refused, where the rule did not say it
+        (["--clip-grad-norm", "-1"], "error: --clip-grad-norm must be > 0, got -1.0"),
+        (["--set", "loss_scale=0"], "error: loss_scale must be > 0, got 0.0"),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
         (["--resume", "/nonexistent"], "cannot resume /nonexistent: no such directory"),
     ],
