@@ -79,7 +79,7 @@ class TrainConfig:
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     warmup_epochs: float = 0.0  # the warm-up in epochs (adds to warmup_steps)
-    lr_decay_every: int = 0  # the step schedule's period (0: a third of the run)
+    lr_decay_every: int = 0  # the step schedule's period (0: a third of the post-warm-up run)
     lr_decay: float = 0.1  # the step schedule's factor
     lr_decay_power: float = 2.0  # the poly schedule's power
     # Scaling the rate with the batch: when lr_base_batch is set, lr is the rate at a batch of

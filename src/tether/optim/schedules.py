@@ -87,7 +87,8 @@ def _poly(s: ScheduleSettings, step: int) -> float:
 SCHEDULES: Registry[Factor] = Registry("learning-rate schedule")
 SCHEDULES.register("constant", help="the learning rate as given (after any warm-up)")(_constant)
 SCHEDULES.register(
-    "step", help="x lr_decay every lr_decay_every steps (default: a third of the run)"
+    "step",
+    help="x lr_decay every lr_decay_every steps (default: a third of the run after the warm-up)",
 )(_step)
 SCHEDULES.register("cosine", help="cosine decay to 0 at the last step")(_cosine)
 SCHEDULES.register("poly", help="polynomial decay to 0, (1 - s/S)^lr_decay_power")(_poly)
