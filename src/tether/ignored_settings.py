@@ -17,6 +17,9 @@ from tether.optim.schedules import warmup_length
 from tether.spelling import Spell, as_keyword
 from tether.training.build import steps_per_epoch, uses_momentum
 
+# the settings of scaling the rate with the batch, which only a base batch turns on
+_SCALING_KEYS = ("lr_scaling", "lr_scale_max", "lr_batch")
+
 
 class IgnoredSettingWarning(UserWarning):
     """A setting that has no effect with the chosen method (or components)."""
@@ -113,6 +116,18 @@ def ignored_settings(
             )
         elif key == "parallel_plan" and config.model_parallel == 1:
             messages.append("parallel_plan applies with model_parallel > 1 only")
+        elif key in _SCALING_KEYS and not config.lr_base_batch:
+            messages.append(
+                f"{key} has no effect without {spell('lr_base_batch')} (the batch lr was tuned "
+                "at; giving lr alone drops the method's scaling)"
+            )
+        elif key == "lr_scale_max" and not config.lr_scaling.endswith("-capped"):
+            messages.append(
+                f"lr_scale_max applies to {spell('lr_scaling', 'linear-capped')} or "
+                "sqrt-capped only"
+            )
+        elif key.startswith("loss_scale") and config.precision != "fp16":
+            messages.append(f"{key} applies to {spell('precision', 'fp16')} only")
     rate_given = "lr" in set(given) or bool(config.resume)  # a resumed run's rate is its own
     if config.optimizer in RATE_OF_THEIR_OWN and not rate_given and "optimizer" not in own:
         # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two

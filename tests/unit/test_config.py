@@ -159,6 +159,24 @@ def test_a_warm_up_in_epochs_cut_to_a_quarter_of_the_run_is_named() -> None:
     assert cut_warmup(own, 1000, supplied=["lr_schedule"]) is None
 
 
+def test_rate_scaling_and_loss_scale_settings_that_do_nothing_are_named() -> None:
+    # each was taken without a word: no base batch (lr given alone drops the method's), no cap
+    # to set, no fp16 to scale
+    plain = TrainConfig(method="sync-easgd", lr=0.1, lr_scaling="sqrt")
+    (said,) = ignored_settings(plain, {"lr", "lr_scaling"})
+    assert said.startswith("lr_scaling has no effect without lr_base_batch")
+    uncapped = catalog_resolve(
+        None, {"method": "sync-sgd", "lr_scale_max": 4.0, "lr_scaling": "linear"}
+    )
+    (said,) = ignored_settings(uncapped, {"lr_scale_max", "lr_scaling"})
+    assert said == "lr_scale_max applies to lr_scaling='linear-capped' or sqrt-capped only"
+    (said,) = ignored_settings(TrainConfig(loss_scale=1024.0), {"loss_scale"})
+    assert said == "loss_scale applies to precision='fp16' only"
+    assert ignored_settings(TrainConfig(precision="fp16", loss_scale=1024.0), {"loss_scale"}) == []
+    used = catalog_resolve(None, {"method": "sync-sgd", "lr_scaling": "sqrt"})
+    assert ignored_settings(used, {"lr_scaling"}) == []  # the method's base batch: used
+
+
 def test_settings_a_method_ignores_are_named() -> None:
     messages = ignored_settings(TrainConfig(method="sync-easgd"), {"momentum", "lr"})
     assert len(messages) == 1 and "sync-easgd ignores momentum" in messages[0]
