@@ -37,3 +37,11 @@ def test_fp16_steps_skipped_for_an_overflow_are_said(tmp_path: Path) -> None:
     assert "fp16: 3 of 20 steps skipped for an overflow" in some
     assert "fp16:" not in _text(tmp_path, fp16_skipped_steps=0)
     assert "fp16:" not in _text(tmp_path, fp16_skipped_steps=None)
+
+
+def test_the_progress_bar_says_its_accuracy_is_the_tests() -> None:
+    # "acc=0.66" stood next to the training "loss=2.171" (the test loss was 2.03)
+    from tether.training.server_progress import evaluation_postfix
+
+    assert evaluation_postfix(None, {"accuracy": 0.66, "loss": 2.03}) == {"test_acc": "0.660"}
+    assert evaluation_postfix(None, {"loss": 2.03}) == {"test_loss": "2.030"}

@@ -28,7 +28,7 @@ def evaluation_postfix(target: Target | None, result: dict[str, float]) -> dict[
     """The progress bar's evaluation figure: the target's metric, else accuracy, else loss."""
     for name in (target.metric if target else None, "accuracy", "loss"):
         if name is not None and name in result:
-            return {"acc" if name == "accuracy" else f"test_{name}": f"{result[name]:.3f}"}
+            return {"test_acc" if name == "accuracy" else f"test_{name}": f"{result[name]:.3f}"}
     return {}
 
 
