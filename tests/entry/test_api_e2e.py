@@ -739,7 +739,7 @@ import tether
 
 with warnings.catch_warnings(record=True) as heard:
     warnings.simplefilter("always")
-    ctx = tether.init(method="local-sgd", tau=2, epochs=3, workers=4, momentum=0.5)
+    ctx = tether.init(method="local-sgd", tau=2, epochs=3, workers=4, momentum=0.5, lars_eta=0.01)
     net = torch.nn.Linear(3, 1)
     model, opt = ctx.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1))
 for warning in heard:
@@ -775,6 +775,9 @@ def test_init_in_a_lone_process_needs_no_launcher(tmp_path: Path) -> None:
     assert "warned: tether.init ignores workers=4: the launcher started 1" in result.stdout
     # as tether.fit says it: a momentum given to init that the user's own optimizer ignores
     assert "warned: momentum has no effect: your own optimizer sets its own" in result.stdout
+    # it said "applies to optimizer='lars' only", which tether.init refuses
+    said = "warned: tether.init ignores lars_eta: set it on the optimizer you pass to ctx.wrap"
+    assert said in result.stdout and "optimizer='lars'" not in result.stdout
 
 
 AGAIN_SCRIPT = """

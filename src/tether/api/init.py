@@ -57,6 +57,9 @@ LOOP_KEYS = (
     "stop_at_target", "checkpoint_every", "out", "resume", "progress", "tensorboard",
     "loader_workers",
 )  # fmt: skip
+# the named optimizers' own settings: in one's own loop the optimizer is the one passed to
+# ctx.wrap (which has its own), or the method's, which takes none of them
+NAMED_OPTIMIZER_KEYS = ("nesterov", "lars_eta", "trust_exclude")
 _generation = 0  # process groups this process has started: each meets under its own key prefix
 
 
@@ -112,7 +115,8 @@ def init(method: str | None = None, **options: Any) -> Context:
     check_model_parallel(config)
     if env.rank == 0:
         # the schedule is always the loop's own (ctx.wrap's scheduler): none is built here
-        warn_ignored(config, set(options), stacklevel=2, supplied=["lr_schedule"])
+        given = set(options) - set(NAMED_OPTIMIZER_KEYS)  # (said by _warn_loop_settings)
+        warn_ignored(config, given, stacklevel=2, supplied=["lr_schedule"])
         _warn_loop_settings(options, env.world_size - servers)
         if servers and launched_for is None and launcher_reports_errors():
             warnings.warn(_server_taken_note(method, env.world_size), stacklevel=2)
@@ -146,6 +150,13 @@ def _warn_loop_settings(options: Mapping[str, Any], workers: int) -> None:
         warnings.warn(
             f"tether.init ignores {', '.join(unread)}: your own loop decides its length, "
             "evaluations, checkpoints and logs (tether.fit takes them)",
+            stacklevel=3,
+        )
+    named = [key for key in NAMED_OPTIMIZER_KEYS if key in options]
+    if named:  # it said "applies to optimizer='lars' only", which tether.init refuses
+        warnings.warn(
+            f"tether.init ignores {', '.join(named)}: set it on the optimizer you pass to "
+            "ctx.wrap (tether.optim.LARS(params, eta=...), torch.optim.SGD(..., nesterov=True))",
             stacklevel=3,
         )
     if "workers" in options and options["workers"] != workers:
