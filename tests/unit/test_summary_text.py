@@ -45,3 +45,9 @@ def test_the_progress_bar_says_its_accuracy_is_the_tests() -> None:
 
     assert evaluation_postfix(None, {"accuracy": 0.66, "loss": 2.03}) == {"test_acc": "0.660"}
     assert evaluation_postfix(None, {"loss": 2.03}) == {"test_loss": "2.030"}
+
+
+def test_a_run_that_ended_short_says_of_how_many(tmp_path: Path) -> None:
+    # an asynchronous run that carried on without a lost worker said "22 steps"
+    assert "fashion-mnist: 22 of 40 steps (" in _text(tmp_path, steps=22, planned_steps=40)
+    assert "fashion-mnist: 20 steps (" in _text(tmp_path, planned_steps=20)

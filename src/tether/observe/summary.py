@@ -81,7 +81,7 @@ def human_summary(summary: dict[str, Any], run_dir: Path) -> str:
     groups = f" (model groups of {grid})" if grid > 1 else ""
     lines = [
         f"{summary['method']} on {counted(summary['workers'], 'worker')}{groups}, {summary['model']} / "
-        f"{summary['dataset']}: {summary['steps']} steps ({summary['epochs']:.2f} epochs)",
+        f"{summary['dataset']}: {_steps(summary)} steps ({summary['epochs']:.2f} epochs)",
         _metrics_line(summary),
         _time_line(summary),
         f"  communication share {summary['comm_fraction']:.1%} of worker time (not hidden)",
@@ -121,3 +121,10 @@ def _time_line(summary: dict[str, Any]) -> str:
     trained = f", training {training:.1f} s" if training is not None else ""
     rate = f"{summary['samples_per_s']:.0f} samples/s"
     return f"  wall time {summary['wall_time_s']:.1f} s{trained}  ({rate})"
+
+
+def _steps(summary: dict[str, Any]) -> str:
+    """``40``, or ``22 of 40`` for a run that ended short of its length."""
+    planned = summary.get("planned_steps")  # (a summary of an earlier version has none)
+    short = planned is not None and summary["steps"] < planned
+    return f"{summary['steps']} of {planned}" if short else str(summary["steps"])

@@ -49,6 +49,10 @@ def run_summary(
         "seed": config.seed,
         "epochs": last_step / steps_per_epoch,  # completed, fractional
         "steps": last_step,
+        # the run's length as set (a run that lost workers, or stopped at its target, is short)
+        "planned_steps": config.steps
+        if config.steps is not None
+        else config.epochs * steps_per_epoch,
         "batch_size": config.batch_size,
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,
