@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -306,10 +307,22 @@ def main(argv: list[str] | None = None) -> int:
         print("tether: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe than the reader of our output: its traceback says which
         # the reader went away (`tether list | head`): no traceback, and none again when
         # Python flushes stdout at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (POLLERR on the writing end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 if __name__ == "__main__":

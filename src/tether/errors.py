@@ -33,8 +33,9 @@ class SettingError(TetherError):
         return self.template.replace("{options}", either)
 
     def with_value(self, value: object) -> SettingError:
-        """The refusal with the value refused (``, got -1``), where its rule does not say it."""
-        if " got " in self.template or " must " not in self.template:
+        """The refusal with the value refused (``, got -1``), where its rule does not say it:
+        one that begins ``key must`` (not ``key (6) must ...``, nor one with a ``got``)."""
+        if " got " in self.template or not self.template.startswith(f"{self.key} must "):
             return self
         return SettingError(self.key, f"{self.template}, got {value!r}", self.options)
 

@@ -161,11 +161,10 @@ def long_warmup(
     epochs is cut to a quarter of the run (:func:`~tether.optim.schedules.warmup_length`)."""
     if not config.warmup_steps or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
         return None
-    try:
-        per_epoch = steps_per_epoch(config, samples, config.data_workers)
-    except TetherError:
-        return None  # no step to take: refused elsewhere, in its own words
-    total = config.steps or config.epochs * per_epoch
+    length = _run_length(config, samples)
+    if length is None:
+        return None
+    total, per_epoch = length
     warmup = warmup_length(config.warmup_steps, config.warmup_epochs, total, per_epoch)
     if warmup < total:
         return None
@@ -185,11 +184,10 @@ def cut_warmup(
     own = config.warmup_epochs != METHODS.get(config.method).defaults.get("warmup_epochs", 0.0)
     if not own or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
         return None
-    try:
-        per_epoch = steps_per_epoch(config, samples, config.data_workers)
-    except TetherError:
+    length = _run_length(config, samples)
+    if length is None:
         return None
-    total = config.steps or config.epochs * per_epoch
+    total, per_epoch = length
     asked = round(config.warmup_epochs * per_epoch)
     if asked <= total // 4:
         return None
@@ -214,3 +212,13 @@ def warn_long_warmup(
     ):
         if message:
             warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)
+
+
+def _run_length(config: TrainConfig, samples: int) -> tuple[int, int] | None:
+    """(total steps, steps per epoch), or None where there is no step to take (refused
+    elsewhere, in its own words)."""
+    try:
+        per_epoch = steps_per_epoch(config, samples, config.data_workers)
+    except TetherError:
+        return None
+    return (config.steps or config.epochs * per_epoch), per_epoch

@@ -301,7 +301,7 @@ def test_a_sigterm_from_outside_is_marked_as_the_cause(tmp_path: Path) -> None:
 
 # A worker of a user's own loop that ends without ctx.finish() writes the file TETHER_LEFT_MARK
 # names (tether.observe.left_mark); these children stand in for one.
-LEAVE = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).touch(); "
+LEAVE = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).write_text(str(os.getpid())); "
 
 
 def _supervise_leaving(tmp_path: Path, code: str, lost: bool) -> subprocess.CompletedProcess[str]:
@@ -334,6 +334,19 @@ def test_a_worker_that_exits_0_before_finish_is_lost_to_an_asynchronous_run(
     assert "worker rank 1 lost (left the run early" in proc.stderr
 
 
+def test_a_process_the_worker_started_does_not_speak_for_it(tmp_path: Path) -> None:
+    # it inherits TETHER_LEFT_MARK: a script it runs that leaves its own run without
+    # ctx.finish() marked its healthy parent as gone
+    child = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).write_text('1')"
+    proc = _supervise_leaving(
+        tmp_path,
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])",
+        lost=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "marks" / "cause-rank-1").exists()
+
+
 @pytest.mark.parametrize("lost", [False, True])
 def test_a_worker_that_finished_is_not_said_to_have_left(tmp_path: Path, lost: bool) -> None:
     joined = JOIN if lost else ""  # a synchronous run's supervisor names no joined mark
@@ -351,7 +364,8 @@ def test_a_worker_that_leaves_on_the_launchers_stop_did_not_leave_early(tmp_path
     code = (
         "import os, pathlib, signal, sys, time\n"
         "def leave(*_):\n"
-        "    pathlib.Path(os.environ['TETHER_LEFT_MARK']).touch(); sys.exit(0)\n"
+        "    pathlib.Path(os.environ['TETHER_LEFT_MARK']).write_text(str(os.getpid()))\n"
+        "    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, leave)\n"
         f"pathlib.Path({str(started)!r}).touch()\n"
         "time.sleep(60)\n"

@@ -585,3 +585,19 @@ def test_rho_is_taken_on_the_rate_the_workers_step_with() -> None:
     assert elastic_rate(config, 2) == pytest.approx(config.scaled_lr)
     with pytest.raises(TetherError, match=r"rho \(1.0\) and alpha \(0.3\) set one rate twice"):
         dataclasses.replace(config, alpha=0.3).validate()
+
+
+def test_a_refusal_adds_the_value_only_where_its_rule_does_not_say_it() -> None:
+    # "workers (6) must be a multiple of ranks_per_node (4), got 6" said the value twice
+    cases = [
+        (TrainConfig(loss_scale=0.0), "loss_scale must be > 0, got 0.0"),
+        (
+            TrainConfig(workers=6, ranks_per_node=4),
+            "workers (6) must be a multiple of ranks_per_node (4)",
+        ),
+        (TrainConfig(workers=0), "workers must be >= 1, got 0"),
+    ]
+    for config, said in cases:
+        with pytest.raises(TetherError) as refused:
+            config.validate()
+        assert str(refused.value) == said

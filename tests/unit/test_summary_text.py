@@ -51,3 +51,14 @@ def test_a_run_that_ended_short_says_of_how_many(tmp_path: Path) -> None:
     # an asynchronous run that carried on without a lost worker said "22 steps"
     assert "fashion-mnist: 22 of 40 steps (" in _text(tmp_path, steps=22, planned_steps=40)
     assert "fashion-mnist: 20 steps (" in _text(tmp_path, planned_steps=20)
+
+
+def test_a_resume_that_counts_no_earlier_samples_leaves_out_their_training_time_once() -> None:
+    # the time before the checkpoint was left out with its evaluations, which the training
+    # clock leaves out already: samples_per_s came out too high
+    from tether.training.run_record import RunRecord
+
+    saved = {"step": 10, "elapsed_s": 8.0, "eval_s": 3.0, "history": [], "time_to_target_s": None}
+    record = RunRecord.resumed(saved)
+    record.count_nothing_before()
+    assert record.uncounted_s == 5.0

@@ -45,9 +45,16 @@ def test_the_wait_the_servers_own_work_explains_is_set_aside() -> None:
     server.wait_s = 0.02  # no more work of its own: all communication
     link.exchange(torch.zeros(4), MessageKind.PARAMS, 2)
     assert link.take_paused() == 0.0
-    server.busy_s = 1.04  # a second of evaluation, mostly while we computed: our wait at most
+    # a second of evaluation, mostly while we computed: our wait at most (the server cannot
+    # tell when our message came: an overcount of at most one exchange per evaluation)
+    server.busy_s = 1.04
     link.exchange(torch.zeros(4), MessageKind.PARAMS, 3)
     assert 0.02 <= link.take_paused() < 0.2
+    server.busy_s = 2.04  # eval_model's fetch, outside any step: no step's pause
+    link.fetch(in_step=False)
+    assert link.take_paused() == 0.0
+    link.exchange(torch.zeros(4), MessageKind.PARAMS, 4)
+    assert link.take_paused() == 0.0  # the fetch's wait took that second, not this step's
 
 
 def test_a_step_counts_the_pause_neither_as_communication_nor_as_its_time() -> None:

@@ -29,7 +29,7 @@ from tether.data.sharding import WorkerSampler
 from tether.errors import TetherError
 from tether.ignored_settings import IgnoredSettingWarning, ignored_settings
 from tether.launch.env import DistEnv
-from tether.launch.lost import losses_said_by_supervisors
+from tether.launch.lost import said_by_their_supervisors
 from tether.launch.teardown import shut_down_process_group
 from tether.methods import METHODS, MethodContext, Placement, Role, TrainingMethod
 from tether.observe.joined import mark_joined
@@ -188,7 +188,7 @@ class Context:
         lost = (
             "the server counts it lost"
             if getattr(self.method_class, "tolerates_worker_loss", False)
-            else "its peers still in the run fail waiting for it"
+            else "any peer still in the run fails waiting for it"
         )
         print(
             f"tether: worker rank {self.rank} ends without ctx.finish(): {lost}; call "
@@ -206,7 +206,8 @@ class Context:
             self.config.timeout_s,
             "after every worker had finished: its pulse (its shutdown)",
         )
-        lost = {} if losses_said_by_supervisors() else result.lost_workers  # said once each
+        said = said_by_their_supervisors(sorted(result.lost_workers))  # each said once
+        lost = {r: why for r, why in result.lost_workers.items() if r not in said}
         for rank, reason in sorted(lost.items()):
             print(f"tether: worker rank {rank} was lost ({reason})", file=sys.stderr, flush=True)
         # A run whose every worker was lost did no work: the server's status says so, as the
@@ -301,10 +302,11 @@ class Context:
 
 def _warn_own_optimizer_ignores(config: TrainConfig, given: frozenset[str]) -> None:
     """The settings given to tether.init that the user's own optimizer makes unused (lr,
-    momentum, lr_base_batch, ...), as tether.fit says them; init said the others already."""
-    said = set(ignored_settings(config, given, supplied=["lr_schedule"]))
-    for message in ignored_settings(config, given, supplied=["optimizer", "lr_schedule"]):
-        if message not in said:
+    momentum, lr_base_batch, ...), as tether.fit says them; not one init said already."""
+    for key in sorted(given):
+        if ignored_settings(config, {key}, supplied=["lr_schedule"]):
+            continue  # tether.init said it
+        for message in ignored_settings(config, {key}, supplied=["optimizer", "lr_schedule"]):
             warnings.warn(message, IgnoredSettingWarning, stacklevel=3)
 
 

@@ -113,9 +113,9 @@ def init(method: str | None = None, **options: Any) -> Context:
     own_optimizer = own_optimizer.on_nodes_of(env.local_world_size)
     check_names(config, supplied=COMPONENT_KEYS)
     check_model_parallel(config)
+    given = frozenset(options) - set(NAMED_OPTIMIZER_KEYS)  # (said by _warn_loop_settings)
     if env.rank == 0:
         # the schedule is always the loop's own (ctx.wrap's scheduler): none is built here
-        given = set(options) - set(NAMED_OPTIMIZER_KEYS)  # (said by _warn_loop_settings)
         warn_ignored(config, given, stacklevel=2, supplied=["lr_schedule"])
         _warn_loop_settings(options, env.world_size - servers)
         if servers and launched_for is None and launcher_reports_errors():
@@ -128,9 +128,7 @@ def init(method: str | None = None, **options: Any) -> Context:
     _generation += 1
     init_process_group(backend, env, config.timeout_s, store)
     placement = placement_of(env, partition)
-    return Context(
-        config, TorchTransport(), device, env, placement, own_optimizer, frozenset(options)
-    )
+    return Context(config, TorchTransport(), device, env, placement, own_optimizer, given)
 
 
 def _server_taken_note(method: str, processes: int) -> str:

@@ -35,6 +35,8 @@ CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 # The largest step a header may carry: far beyond any run (2^40 steps), small enough that no
 # arithmetic on steps overflows and no loop over them can be made to run for ever.
 MAX_STEP = 1 << 40
+# The most seconds a server's reply may say it has been busy (evaluating, saving): a year
+MAX_BUSY_S = 365 * 24 * 3600.0
 
 
 class MessageKind(enum.IntEnum):
@@ -137,6 +139,6 @@ class MessageHeader:
             raise ProtocolError(f"message {where} has a loss over {loss_steps} steps")
         # Any float is a loss (a diverging worker's is inf or NaN): it is logged, never used.
         loss = float(torch.tensor([loss_bits], dtype=torch.int64).view(torch.float64))
-        if loss_steps == 0 and not 0 <= loss < MAX_STEP:  # busy seconds (NaN fails too)
+        if loss_steps == 0 and not 0 <= loss < MAX_BUSY_S:  # busy seconds (NaN fails too)
             raise ProtocolError(f"message {where} says its sender was busy for {loss} s")
         return MessageHeader(parsed, sender, step, length, CODE_DTYPES[code], loss, loss_steps)

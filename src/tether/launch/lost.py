@@ -31,15 +31,25 @@ SERVER_FINISHED = ".server-finished"
 # failure's report to say first (a server it killed for hanging once its workers were gone, a
 # rank killed by a SIGTERM the launcher did not send).
 CAUSE_MARK = "cause-rank-"
-# Set by the server's supervisor where its workers' supervisors record and report each lost
-# worker as it is lost (tether launch --method): a server in a user's own loop then does not
-# list them again when it ends, one line per loss.
+# Set by the server's supervisor to the directory where its workers' supervisors record each
+# lost worker as it is lost, and say so (tether launch --method): a server in a user's own loop
+# does not list those again when it ends, one line per loss.
 LOSSES_SAID_ENV = "TETHER_LOSSES_SAID"
 
 
-def losses_said_by_supervisors() -> bool:
-    """Whether this process's workers' supervisors report each lost worker (see above)."""
-    return os.environ.get(LOSSES_SAID_ENV) == "1"
+def said_by_their_supervisors(ranks: list[int], within_s: float = 1.0) -> set[int]:
+    """Those of the lost worker ``ranks`` whose supervisors recorded and reported the loss (see
+    above), waiting up to ``within_s`` for records on their way (a worker lost just before the
+    run ended: its supervisor writes as its process ends, the server may be faster)."""
+    lost_dir = os.environ.get(LOSSES_SAID_ENV)
+    if not lost_dir or not ranks:
+        return set()
+    deadline = time.monotonic() + within_s
+    while True:
+        said = {rank for rank in ranks if (Path(lost_dir) / f"rank-{rank}.json").exists()}
+        if len(said) == len(ranks) or time.monotonic() >= deadline:
+            return said
+        time.sleep(0.05)
 
 
 def describe_exit(returncode: int) -> str:

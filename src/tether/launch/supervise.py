@@ -62,7 +62,7 @@ from tether.launch.lost import (
 )
 from tether.launch.parent_death import die_with_parent, exit_with_parent
 from tether.observe.joined import JOINED_MARK_ENV
-from tether.observe.left_mark import LEFT_EARLY, LEFT_MARK_ENV
+from tether.observe.left_mark import LEFT_EARLY, LEFT_MARK_ENV, has_left
 from tether.observe.pulse_mark import PULSE_MARK_ENV, read_pulse
 
 SERVER_RANK = 0
@@ -181,7 +181,7 @@ class Supervisor:
             self.marks_dir.mkdir(parents=True, exist_ok=True)
             env[LEFT_MARK_ENV] = str(self._left_mark)
         if self.lost_dir is not None and self.rank == SERVER_RANK:
-            env[LOSSES_SAID_ENV] = "1"  # its workers' supervisors say each loss (_lost)
+            env[LOSSES_SAID_ENV] = str(self.lost_dir)  # where its workers' are recorded
         self.child = subprocess.Popen(
             self.command, env=env, preexec_fn=die_with_parent(), process_group=0
         )
@@ -214,14 +214,16 @@ class Supervisor:
         return self.marks_dir / f"{LEFT_MARK}{self.rank}"
 
     def _has_left(self) -> bool:
-        return self.marks_dir is not None and self._left_mark.exists()
+        if self.marks_dir is None or self.child is None:
+            return False
+        return has_left(self._left_mark, self.child.pid)
 
     def _left_early(self, returncode: int) -> bool:
         """Whether the child, a worker in a user's own loop, left its run without ctx.finish()
         of its own accord, exiting 0: not in answer to a stop the launcher sent (a script may
         save and exit then), though the launcher may stop it since (its peers failed)."""
-        if self.stop_signal is not None:  # the stop may have ended it on its way out
-            return self.left_before_stop and returncode in (0, -self.stop_signal)
+        if self.stop_signal is not None:  # a stop (or a kill after it) may have ended it since
+            return self.left_before_stop and returncode <= 0
         return returncode == 0 and self._has_left()
 
     def _lost(self, returncode: int, overstayed: str, why: str = "") -> int:

@@ -231,7 +231,7 @@ class ServerMethod(TrainingMethod):
         server's current vector, fetched with one PULL message."""
         if self.is_server:
             return self.model
-        vector = self.link.fetch()
+        vector = self.link.fetch(in_step=False)
         if vector is None:  # stopped: the server no longer answers
             return self.model
         if self._eval_copy is None:

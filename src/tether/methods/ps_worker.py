@@ -116,9 +116,11 @@ class WorkerEndpoint:
 
     def _reply_to(self, sent: float) -> torch.Tensor:
         """The reply to what we sent at ``sent``; the server's own work since its last reply
-        to us, as far as we waited for it, counted as paused: an evaluation while we computed
-        cost us nothing, one while we waited is no communication (the workers' comm share
-        counted the server's evaluations)."""
+        to us counted as paused, up to our wait: a wait for the server's evaluation is no
+        communication (the workers' comm share counted the server's evaluations). The server
+        cannot tell when our message came (it reads none while it evaluates), so an
+        evaluation that ran while we computed also takes up to that one wait of ours: an
+        overcount of at most one exchange per evaluation."""
         busy_before = self._server_busy_s
         reply = self.exchange_reply()
         busy = self._server_busy_s - busy_before
@@ -143,16 +145,18 @@ class WorkerEndpoint:
         self._server_busy_s = max(self._server_busy_s, msg.header.busy_s)
         return msg.payload
 
-    def fetch(self, step: int = 0) -> torch.Tensor | None:
+    def fetch(self, step: int = 0, in_step: bool = True) -> torch.Tensor | None:
         """The server's current vector (its weights or center), without changing it: a PULL
-        message and its reply. None when the server has already stopped this worker."""
+        message and its reply. None when the server has already stopped this worker. Outside
+        a training step (``in_step`` False: ``eval_model``) its wait counts toward no step's
+        pause."""
         if self.stop_requested:
             return None
         empty = torch.empty(0, dtype=self.params.dtype)
         sent = time.perf_counter()
         with self.exchanging():
             self.transport.send_message(empty, SERVER, MessageKind.PULL, step, DATA_CHANNEL)
-            reply = self._reply_to(sent)
+            reply = self._reply_to(sent) if in_step else self.exchange_reply()
         return None if self.stop_requested else reply
 
     def goodbye(self, totals: PhaseTotals, step: int = 0) -> None:

@@ -26,8 +26,17 @@ LEFT_EARLY = "left the run early: its script ended (exit status 0) without ctx.f
 
 
 def say_left() -> None:
-    """This worker is leaving its run without ``ctx.finish()``: tell the supervisor, if any."""
+    """This worker is leaving its run without ``ctx.finish()``: tell the supervisor, if any,
+    naming this process (a process the worker started inherits the variable: not it)."""
     path = os.environ.get(LEFT_MARK_ENV)
     if path:
         with contextlib.suppress(OSError):
-            Path(path).touch()
+            Path(path).write_text(str(os.getpid()))
+
+
+def has_left(path: Path, pid: int) -> bool:
+    """For the supervisor: whether its child ``pid`` said it left (:func:`say_left`)."""
+    try:
+        return path.read_text().strip() == str(pid)
+    except OSError:
+        return False

@@ -203,7 +203,7 @@ class RunCheckpoints:
         self.random = (own or state).get("rng")
         record = RunRecord.resumed(state)
         if not self._restore_totals(state, own, complete):
-            record.uncounted_s = record.elapsed_before
+            record.count_nothing_before()
         return record
 
     def _restore_totals(self, state: dict[str, Any], own: Any, complete: bool) -> bool:

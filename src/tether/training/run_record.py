@@ -19,8 +19,8 @@ class RunRecord:
     elapsed_before: float = 0.0  # wall seconds spent before a resume
     eval_s: float = 0.0  # evaluation time, excluded from the history's training time
     time_to_target: float | None = None
-    # wall seconds before a resume whose samples the phase totals do not count (a checkpoint
-    # that kept none: training.run_checkpoints), left out of samples_per_s
+    # training seconds before a resume whose samples the phase totals do not count (a
+    # checkpoint that kept none: training.run_checkpoints), left out of samples_per_s
     uncounted_s: float = 0.0
 
     def checkpoint_fields(self, elapsed: float) -> dict[str, Any]:
@@ -62,3 +62,9 @@ class RunRecord:
         return self.start_step >= total_steps or (
             stop_at_target and self.time_to_target is not None
         )
+
+    def count_nothing_before(self) -> None:
+        """The phase totals of the resumed run count none of the samples before its checkpoint:
+        samples_per_s leaves out the training time they took (its evaluations are out of the
+        training clock already, eval_s being restored with the record: not twice)."""
+        self.uncounted_s = max(0.0, self.elapsed_before - self.eval_s)
