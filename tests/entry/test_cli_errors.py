@@ -57,6 +57,11 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--set", "loss_scale=0"], "error: loss_scale must be > 0, got 0.0"),
         (["--config", "/nonexistent/run.toml"], "cannot read config file /nonexistent/run.toml"),
         (["--resume", "/nonexistent"], "cannot resume /nonexistent: no such directory"),
+        # it said the missing directory holds no checkpoint.pt: start it again with --overwrite
+        (
+            ["--set", "resume=true", "--out", "/nonexistent/run"],
+            "cannot resume /nonexistent/run: no such directory; leave resume out",
+        ),
     ],
 )
 def test_bad_options(capsys, argv: list[str], message: str) -> None:

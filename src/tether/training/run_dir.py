@@ -84,11 +84,15 @@ def check_run_dir(
     if out.exists() and not out.is_dir():
         raise TetherError(f"--out {out} is a file, not a directory: choose another --out")
     if config.resume:
+        if not out.is_dir():  # (it told a missing directory to start again with --overwrite)
+            raise TetherError(
+                f"cannot resume {out}: no such directory; leave resume out to start a run there"
+            )
         if not (out / CHECKPOINT_NAME).exists():
             why = (
                 "it ended before its first checkpoint"
                 if config.checkpoint_every
-                else f"it saved none (a run saves one with {both_ways(checkpoint_every='N')})"
+                else f"it saved none (a run saves one with, e.g., {both_ways(checkpoint_every=100)})"
             )
             raise TetherError(
                 f"cannot resume {out}: it holds no {CHECKPOINT_NAME}, {why}; nothing was "
