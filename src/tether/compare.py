@@ -69,7 +69,7 @@ def shared_settings(config: TrainConfig, target: float, target_is_default: bool)
         "workers": config.workers,
         "model_parallel": config.model_parallel,
         "batch_size": config.batch_size,
-        "epochs": config.epochs,
+        "epochs": config.epochs if config.steps is None else None,  # steps, where set, rule
         "steps": config.steps,
         "seed": config.seed,
         "backend": config.backend,

@@ -34,6 +34,7 @@ def test_compare_one_method_end_to_end(tmp_path: Path) -> None:
     assert summary["steps"] == 12 and summary["target_accuracy"] == 0.85
     data = json.loads((out / "compare.json").read_text())
     assert data["settings"]["workers"] == 2 and data["settings"]["steps"] == 12
+    assert data["settings"]["epochs"] is None  # (it said 1 beside the 12 steps that ruled)
     assert data["settings"]["target_is_default"] is True
     (row,) = data["rows"]
     assert row["method"] == "sync-sgd" and row["status"] == "ok" and row["rounds"] == 12
