@@ -231,12 +231,18 @@ def check_launch(config: TrainConfig, spell: Spell = as_keyword) -> None:
             OneNodeWarning,
             stacklevel=2,
         )
-    if processes > len(cores):
+    warn_oversubscribed(processes, len(cores), stacklevel=3)
+
+
+def warn_oversubscribed(processes: int, cores: int, stacklevel: int = 2) -> None:
+    """More of a node's processes than its cores: said, not refused (a test of many workers on
+    a small machine is legitimate)."""
+    if processes > cores:
         warnings.warn(
-            f"{processes} processes on {len(cores)} cores: they take turns on the cores (one thread "
+            f"{processes} processes on {cores} cores: they take turns on the cores (one thread "
             "each), so expect a slow run",
             OversubscribedWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
 
 

@@ -15,11 +15,13 @@ import sys
 import warnings
 from pathlib import Path
 
+from tether.catalog import warn_oversubscribed
 from tether.cli import OneLineParser
 from tether.config import TrainConfig
 from tether.errors import TetherError, warnings_in_one_line
 from tether.ignored_settings import IgnoredSettingWarning, warn_ignored
 from tether.launch.env import DistEnv
+from tether.launch.partition import usable_cores
 from tether.methods.own_failure import leave_if_tolerated
 from tether.observe.summary import run_summary_text
 from tether.observe.timeline import merge_after_run
@@ -41,6 +43,8 @@ def worker_config(args: argparse.Namespace, env: DistEnv) -> TrainConfig:
         given,
         world_size=env.world_size,
     )
+    if env.local_rank == 0:  # each node's processes on its cores (tether train: check_launch)
+        warn_oversubscribed(env.local_world_size, len(usable_cores()))
     if env.rank == 0:
         warn_ignored(config, set(given) - {"workers"}, spell=as_flag)
         asked = given.get("workers")

@@ -1,4 +1,4 @@
-"""What a run prints at its end (tether.observe.summary), beyond the run directory contract."""
+"""What a run tells its user on the terminal: the end-of-run summary, the progress bar, warnings."""
 
 from __future__ import annotations
 
@@ -62,3 +62,27 @@ def test_a_resume_that_counts_no_earlier_samples_leaves_out_their_training_time_
     record = RunRecord.resumed(saved)
     record.count_nothing_before()
     assert record.uncounted_s == 5.0
+
+
+def test_torchrun_says_when_a_nodes_processes_outnumber_its_cores(tmp_path: Path) -> None:
+    # tether train said so; -m tether.run under torchrun --nproc-per-node 3 on 2 cores did not
+    import warnings
+
+    from tether.catalog import OversubscribedWarning
+    from tether.cli import OneLineParser
+    from tether.launch.env import DistEnv
+    from tether.launch.partition import usable_cores
+    from tether.run import worker_config
+    from tether.train_options import add_train_options
+
+    parser = OneLineParser(prog="python -m tether.run")
+    add_train_options(parser)
+    args = parser.parse_args(["--method", "sync-sgd", "--out", str(tmp_path / "run")])
+    many = len(usable_cores()) + 1
+    for local_rank, said in ((0, True), (1, False)):  # once a node
+        env = DistEnv(local_rank, many, local_rank, many, "127.0.0.1", 29500, None)
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            worker_config(args, env)
+        oversubscribed = [w for w in heard if issubclass(w.category, OversubscribedWarning)]
+        assert bool(oversubscribed) is said, [str(w.message) for w in heard]
