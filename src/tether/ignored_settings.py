@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from tether.config import TrainConfig
 from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
+from tether.data.registry import DATASETS
 from tether.errors import TetherError
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
@@ -128,6 +129,11 @@ def ignored_settings(
             )
         elif key.startswith("loss_scale") and config.precision != "fp16":
             messages.append(f"{key} applies to {spell('precision', 'fp16')} only")
+        elif key == "loader_workers" and config.dataset in DATASETS:
+            messages.append(
+                f"loader_workers has no effect on {config.dataset}: a built-in data set is "
+                "in-memory tensors, indexed without a DataLoader (it applies to your own)"
+            )
     rate_given = "lr" in set(given) or bool(config.resume)  # a resumed run's rate is its own
     if config.optimizer in RATE_OF_THEIR_OWN and not rate_given and "optimizer" not in own:
         # Not ignored but unsuited: the method's default rate is tuned for its SGD step, two

@@ -175,6 +175,11 @@ def test_rate_scaling_and_loss_scale_settings_that_do_nothing_are_named() -> Non
     assert ignored_settings(TrainConfig(precision="fp16", loss_scale=1024.0), {"loss_scale"}) == []
     used = catalog_resolve(None, {"method": "sync-sgd", "lr_scaling": "sqrt"})
     assert ignored_settings(used, {"lr_scaling"}) == []  # the method's base batch: used
+    # a built-in data set is in-memory tensors, which no DataLoader reads
+    (said,) = ignored_settings(TrainConfig(loader_workers=2), {"loader_workers"})
+    assert said.startswith("loader_workers has no effect on fashion-mnist")
+    own = TrainConfig(loader_workers=2, dataset="mypkg.data:load")
+    assert ignored_settings(own, {"loader_workers"}) == []
 
 
 def test_settings_a_method_ignores_are_named() -> None:
