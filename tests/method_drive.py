@@ -43,12 +43,14 @@ class RecordingHooks:
     def __init__(self, stop_at: int | None = None) -> None:
         self.stop_at = stop_at
         self.seen: list[int] = []
-        self.losses: list[tuple[int, int, float, int]] = []
+        self.losses: list[tuple[int, int, float, int, int | None]] = []
 
     def on_progress(self, global_step: int, consistent: bool = True) -> bool:
         del consistent
         self.seen.append(global_step)
         return self.stop_at is not None and global_step >= self.stop_at
 
-    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
-        self.losses.append((rank, worker_step, loss, steps))
+    def on_worker_loss(
+        self, rank: int, worker_step: int, loss: float, steps: int, global_step: int | None = None
+    ) -> None:
+        self.losses.append((rank, worker_step, loss, steps, global_step))

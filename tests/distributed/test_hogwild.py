@@ -145,6 +145,7 @@ def _phase(cls, plan, sequential=False, stop_at=None, no_locks=False, **change) 
             "seen": hooks.seen,
             # the steps each worker's loss reports covered (the shared loss board, or headers)
             "loss_steps": [sum(r[3] for r in hooks.losses if r[0] == w) for w in range(1, world)],
+            "loss_at": [r[4] for r in hooks.losses],  # the global step each report was logged at
             "overlapped": getattr(method, "overlapped", -1),
             **result.extra,
         }
@@ -303,6 +304,9 @@ def test_hogwild_sgd_shares_one_weight_buffer_without_locks(phases: list[dict]) 
         assert server[name]["global_step"] == sum(plan) // 2
         assert server[name]["updates"] == sum(plan)
         assert server[name]["loss_steps"] == plan  # every step's loss, from the shared board
+        # at the step the workers had reached, not the last progress reported, which an
+        # evaluation they trained through left behind (lines of steps 9-40 logged at 10)
+        assert max(server[name]["loss_at"]) == server[name]["global_step"]
     phase = [r["together"] for r in ranks]
     _check_concurrent(phase, 40, server["initial"])
     assert server["together"]["updates"] == 80

@@ -51,8 +51,10 @@ class _ServeToTheEnd:
         del global_step, consistent
         return False
 
-    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
-        del rank, worker_step, loss, steps  # a user's own loop keeps no log of ours
+    def on_worker_loss(
+        self, rank: int, worker_step: int, loss: float, steps: int, global_step: int | None = None
+    ) -> None:
+        del rank, worker_step, loss, steps, global_step  # a user's own loop keeps no log of ours
 
 
 class Context:

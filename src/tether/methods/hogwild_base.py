@@ -263,10 +263,12 @@ class HogwildMethod(ServerMethod):
             self.beat()
             done = not state.active  # read before the steps: the final counts get published
             state.local_steps = dict(zip(state.workers, local_steps(), strict=True))
-            self._log_losses(hooks, logged)
+            global_step = state.global_step()
+            # at the step their workers have reached (the last progress reported may be an
+            # evaluation behind: the workers train on while the server evaluates)
+            self._log_losses(hooks, logged, global_step)
             for rank, why in stillness.check(state.local_steps, state.active).items():
                 self.server.give_up_silent(rank, why)
-            global_step = state.global_step()
             if global_step != reported and not self.stopping:
                 reported = global_step
                 if hooks.on_progress(global_step):
@@ -281,9 +283,11 @@ class HogwildMethod(ServerMethod):
                     "with the same --method"
                 )
 
-    def _log_losses(self, hooks: ServerHooks, logged: list[tuple[float, int]]) -> None:
+    def _log_losses(
+        self, hooks: ServerHooks, logged: list[tuple[float, int]], global_step: int
+    ) -> None:
         """Report each worker's mean loss since the last report (``logged``: what was reported,
-        updated here)."""
+        updated here), at the run's ``global_step``."""
         if self.losses is None:
             return
         for i, rank in enumerate(self.server.state.workers):
@@ -293,7 +297,8 @@ class HogwildMethod(ServerMethod):
             steps = pair[1] - logged[i][1]
             if steps > 0:
                 mean = (pair[0] - logged[i][0]) / steps
-                hooks.on_worker_loss(rank, self.server.state.local_steps[rank], mean, steps)
+                worker_step = self.server.state.local_steps[rank]
+                hooks.on_worker_loss(rank, worker_step, mean, steps, global_step)
                 logged[i] = pair
 
     def board_steps(self) -> list[int]:

@@ -41,8 +41,12 @@ class ServerHooks(Protocol):
         """
         ...
 
-    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
-        """A worker's mean training loss over its ``steps`` local steps up to ``worker_step``."""
+    def on_worker_loss(
+        self, rank: int, worker_step: int, loss: float, steps: int, global_step: int | None = None
+    ) -> None:
+        """A worker's mean training loss over its ``steps`` local steps up to ``worker_step``;
+        ``global_step``: the run's as the server counts it now, where it knows better than the
+        last progress it reported (Hogwild's, after an evaluation its workers trained on)."""
         ...
 
 

@@ -160,12 +160,15 @@ class ServerProgress:
             again = True
         self.evaluate(step, final=again)
 
-    def on_worker_loss(self, rank: int, worker_step: int, loss: float, steps: int) -> None:
+    def on_worker_loss(
+        self, rank: int, worker_step: int, loss: float, steps: int, global_step: int | None = None
+    ) -> None:
         """A worker's mean training loss over its last ``steps`` local steps, logged at the
-        run's global step as of its arrival."""
+        run's global step as of its arrival (``global_step``, where the server says it)."""
+        step = self.shown_step if global_step is None else max(self.shown_step, global_step)
         self.metrics.write(
             {
-                "step": self.shown_step,
+                "step": step,
                 "worker": rank,
                 "worker_step": worker_step,
                 "loss": loss,
@@ -174,7 +177,7 @@ class ServerProgress:
             }
         )
         if self.tensorboard is not None:
-            self.tensorboard.add_scalar("train/loss", loss, self.shown_step)
+            self.tensorboard.add_scalar("train/loss", loss, step)
 
     def on_progress(self, global_step: int, consistent: bool = True) -> bool:
         """After each update: progress bar, evaluation, checkpoints (at consistent points
