@@ -169,9 +169,9 @@ class _Counting(TrainingMethod):
 
     name = "counting"
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, config: TrainConfig | None = None) -> None:
         transport = SimpleNamespace(rank=0, world_size=1)
-        context = MethodContext(TrainConfig(), transport, CPU)  # type: ignore[arg-type]
+        context = MethodContext(config or TrainConfig(), transport, CPU)  # type: ignore[arg-type]
         super().__init__(model, context, torch.optim.SGD(model.parameters(), lr=1.0))
         self.calls: list[str] = []
 
@@ -204,6 +204,21 @@ def test_accumulation_steps_once_on_the_mean_gradient() -> None:
     optimizer.step()
     scheduler.step()
     assert method.optimizer.param_groups[0]["lr"] == 0.5  # a scheduler drives the wrapped one
+
+
+def test_an_fp16_loops_optimizer_state_holds_its_loss_scale() -> None:
+    # saved and loaded with opt.state_dict(), a loop resumed from the initial 65536 and skipped
+    # steps to find its scale again
+    model = nn.Linear(2, 1)
+    method = _Counting(model, TrainConfig(precision="fp16"))
+    assert method.scaler is not None
+    method.scaler.scale, method.scaler.skipped = 1024.0, 7
+    saved = MethodOptimizer(method).state_dict()
+    again = _Counting(nn.Linear(2, 1), TrainConfig(precision="fp16"))
+    MethodOptimizer(again).load_state_dict(saved)
+    assert again.scaler is not None and (again.scaler.scale, again.scaler.skipped) == (1024.0, 7)
+    plain = MethodOptimizer(_Counting(nn.Linear(2, 1))).state_dict()
+    assert set(plain) == {"state", "param_groups"}  # fp32: the optimizer's alone
 
 
 def test_a_closure_that_clears_the_gradients_keeps_the_accumulated_ones() -> None:

@@ -27,6 +27,9 @@ from tether.methods import StepTimes, TrainingMethod
 from tether.methods.ps_method import ServerMethod
 from tether.optim import needs_closure
 
+# The loss scale's state in the state_dict of a run in fp16, beside the optimizer's
+LOSS_SCALE_KEY = "tether_loss_scale"
+
 
 class MethodOptimizer(torch.optim.Optimizer):
     """A method's view as a torch optimizer; see the module docstring."""
@@ -125,10 +128,19 @@ class MethodOptimizer(torch.optim.Optimizer):
         self._rates = None  # once
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        """The wrapped optimizer's state, and under fp16 the loss scale's (a loop that saves and
+        loads ``opt.state_dict()`` resumed from the initial scale, skipping steps to find it)."""
+        state = self.optimizer.state_dict()
+        if self.method.scaler is not None:
+            state = {**state, LOSS_SCALE_KEY: self.method.scaler.state_dict()}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        state = dict(state_dict)
+        scale = state.pop(LOSS_SCALE_KEY, None)
+        self.optimizer.load_state_dict(state)
+        if scale is not None and self.method.scaler is not None:
+            self.method.scaler.load_state_dict(scale)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise RuntimeError(
