@@ -146,6 +146,32 @@ def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_runs_length() -
     assert longer.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.75)))
 
 
+def test_a_resume_that_lengthens_the_run_does_not_warm_up_again() -> None:
+    # a warm-up of 1 epoch (20 steps) cut to a quarter of a 20-step run (5), resumed for 100
+    # steps, was cut to 25 instead: at step 20 the rate went back into the warm-up (0.84)
+    def built(total: int) -> tuple[torch.optim.Optimizer, Any]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        warm = NamedSchedule("cosine", ScheduleSettings(warmup_epochs=1.0))
+        return opt, warm(opt, total_steps=total, steps_per_epoch=20)
+
+    opt, sched = built(20)
+    for _ in range(20):
+        opt.step()
+        sched.step()
+    longer, resumed = built(100)
+    load_schedule_state(resumed, sched.state_dict())
+    after_warmup = 0.5 * (1 + math.cos(math.pi * 15 / 95))  # 15 steps into a decay of 95
+    assert longer.param_groups[0]["lr"] == pytest.approx(after_warmup)
+    # one that had not finished its warm-up takes this run's (nothing is cut short)
+    opt, sched = built(20)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    longer, resumed = built(100)
+    load_schedule_state(resumed, sched.state_dict())
+    assert longer.param_groups[0]["lr"] == pytest.approx(4 / 20)
+
+
 def _warm_poly(opt: torch.optim.Optimizer, total_steps: int) -> Any:
     """A user's own schedule factory that takes the run's length (torch's classes)."""
     warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.2, total_iters=3)

@@ -72,6 +72,7 @@ def load_schedule_state(
     module docstring), and set the optimizer's rates to the schedule's there; ``start``: the
     scheduler as this run built it, which a schedule of another shape is replayed from."""
     lambdas = getattr(scheduler, "lr_lambdas", None)
+    _keep_finished_warmups(state, lambdas)
     saved = _named_free(state, lambdas)
     fresh = None if start is None or start.state is None else _named_free(start.state, lambdas)
     if start is not None and fresh is not None and not _same_shape(saved, fresh):
@@ -88,6 +89,20 @@ def load_schedule_state(
         follow_schedule(
             scheduler, [b * f(at) for b, f in zip(scheduler.base_lrs, factors, strict=True)]
         )
+
+
+def _keep_finished_warmups(state: dict[str, Any], lambdas: list[Any] | None) -> None:
+    """A named schedule whose warm-up the saved run had finished keeps it finished: this run's
+    warm-up is not longer than the saved one (one given in epochs is cut to a quarter of the
+    run, so a resume that lengthens the run lengthened it, and the rate went back into a
+    warm-up it had done)."""
+    position = int(state.get("last_epoch", 0))
+    for factor, saved in zip(lambdas or [], state.get("lr_lambdas") or [], strict=False):
+        if not isinstance(factor, WarmupFactor) or not isinstance(saved, dict):
+            continue
+        done = int(saved.get("warmup_steps", 0))
+        if position >= done and factor.warmup_steps > done:
+            factor.warmup_steps = done
 
 
 def _named_free(state: dict[str, Any], lambdas: list[Any] | None) -> dict[str, Any]:
