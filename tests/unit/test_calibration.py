@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -214,3 +215,28 @@ def test_auto_runs_only_with_a_calibration_of_its_group() -> None:
     assert "\n" not in str(info.value) and "load_or_calibrate" in str(info.value)
     with pytest.raises(TetherError, match="calibrated on 4 ranks"):
         Auto(_calibration()).all_reduce(torch.ones(4), comm=alone)  # type: ignore[arg-type]
+
+
+def test_auto_says_what_it_takes_once_an_algorithm_on_rank_0(capsys) -> None:
+    # a run with --allreduce auto never said what auto picked
+    class Fixed:
+        world_size = 2
+
+        def choose(self, kind: str, n_bytes: float) -> str:
+            return "ring" if n_bytes < 2**20 else "halving-doubling"
+
+        def instantiate(self, algorithm: str) -> Any:
+            return algorithm
+
+    auto = Auto(Fixed())  # type: ignore[arg-type]
+    first, second = SimpleNamespace(rank=0, world_size=2), SimpleNamespace(rank=1, world_size=2)
+    for n_bytes in (65536, 131072, 4 * 2**20):
+        auto.choose("all_reduce", n_bytes, first)  # type: ignore[arg-type]
+    Auto(Fixed()).choose("all_reduce", 65536, second)  # type: ignore[arg-type]
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "tether: auto all-reduce: ring for messages of 64 KiB (the fastest the group's "
+        "calibration timed there)",
+        "tether: auto all-reduce: halving-doubling for messages of 4 MiB (the fastest the "
+        "group's calibration timed there)",
+    ]

@@ -15,6 +15,7 @@ and says so when it is run; callers that resolve "auto" by name build a calibrat
 
 from __future__ import annotations
 
+import sys
 from typing import Protocol
 
 import torch
@@ -52,6 +53,7 @@ class Auto(Collective):
     def __init__(self, calibration: Choices | None = None) -> None:
         self.calibration = calibration
         self._choices: dict[tuple[str, int], Collective] = {}
+        self._said: set[tuple[str, str]] = set()  # (kind, algorithm) rank 0 has named
 
     def calibrated(self, transport: Transport) -> Choices:
         """The calibration, checked against ``transport``'s group: a one-line error where there
@@ -71,7 +73,17 @@ class Auto(Collective):
         key = (kind, n_bytes)
         if key not in self._choices:
             # with the parameters the calibration priced (chain chunks, node size)
-            self._choices[key] = calibration.instantiate(calibration.choose(kind, n_bytes))
+            algorithm = calibration.choose(kind, n_bytes)
+            self._choices[key] = calibration.instantiate(algorithm)
+            if transport.rank == 0 and (kind, algorithm) not in self._said:
+                # once an algorithm: the user asked for auto and sees what it does
+                self._said.add((kind, algorithm))
+                print(
+                    f"tether: auto {kind.replace('_', '-')}: {algorithm} for messages of "
+                    f"{_size(n_bytes)} (the fastest the group's calibration timed there)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return self._choices[key]
 
     def build(self, kind: str, world_size: int, n: int, root: int) -> Schedule:
@@ -82,3 +94,11 @@ class Auto(Collective):
     ) -> None:
         chosen = self.choose(kind, flat.numel() * flat.element_size(), transport)
         chosen.execute(kind, flat, op, root, transport)
+
+
+def _size(n_bytes: float) -> str:
+    """``64 KiB``, ``1.2 MiB``."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} B"
