@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from tether import config_sources
-from tether.comm.collectives import collectives_for
+from tether.comm.collectives import COLLECTIVES, collectives_for
 from tether.config import TrainConfig
 from tether.data import DATASETS, check_dataset, fill_dataset_cache, load_dataset
 from tether.data.user_data import infer_shape_and_classes, load_user_data
@@ -77,8 +77,11 @@ def check_names(config: TrainConfig, supplied: Iterable[str] = ()) -> None:
     METHODS.get(config.method)
     valid = collectives_for("all_reduce")  # "auto" among them
     if config.allreduce not in valid:
-        raise TetherError(
-            f"unknown all-reduce algorithm {config.allreduce!r}; valid: {', '.join(valid)}"
+        # a collective of `tether list` that has no all-reduce (chain) is no unknown name
+        what = "has no all-reduce" if config.allreduce in COLLECTIVES else "is no collective"
+        raise SettingError(
+            "allreduce",
+            f"allreduce {config.allreduce!r} {what}; the all-reduce algorithms: {', '.join(valid)}",
         )
     skip = set(supplied)
     for key, registry in (

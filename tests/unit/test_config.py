@@ -91,7 +91,12 @@ def test_validation_messages(change: dict, message: str) -> None:
         ({"lr_schedule": "nope"}, "cosine"),
         ({"metrics": ("nope",)}, "valid metrics: .*accuracy"),
         # each name once ("auto" was listed twice)
-        ({"allreduce": "nope"}, "unknown all-reduce algorithm 'nope'; valid: naive, ring, .*auto$"),
+        (
+            {"allreduce": "nope"},
+            "allreduce 'nope' is no collective; the all-reduce algorithms: naive, ring, .*auto$",
+        ),
+        # a collective of `tether list` that has no all-reduce was "unknown"
+        ({"allreduce": "chain"}, "^allreduce 'chain' has no all-reduce; the all-reduce algorithms"),
         ({"model": "no_such_module_x:Net"}, "no module named 'no_such_module_x'"),
         ({"loss": "tether.metrics:nothing"}, "has no attribute 'nothing'"),
         # before the workers start (it failed in them: three lines, status 1; found by a user)
