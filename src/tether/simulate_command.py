@@ -18,6 +18,7 @@ from tether.perf.run_setup import (
 )
 from tether.run_names import run_stamp
 from tether.spelling import as_dashed
+from tether.words import counted
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -50,14 +51,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     plot_staleness(
         result.staleness,
         out / "staleness.png",
-        title=f"{args.method}, {args.workers} simulated workers",
+        title=f"{args.method}, {counted(args.workers, 'simulated worker')}",
     )
     print(
-        f"{args.method}: {args.workers} workers x {args.rounds} rounds in "
+        f"{args.method}: {counted(args.workers, 'worker')} x {counted(args.rounds, 'round')} in "
         f"{result.elapsed_s:.3f} simulated s; {result.throughput_steps_s:.1f} steps/s, server "
         f"utilisation {result.server_utilisation:.1%}, mean staleness {result.mean_staleness:.2f}"
     )
-    print(f"tether: wrote {out}/simulate.json and staleness.png", file=sys.stderr)
+    print(f"tether: wrote {out / 'simulate.json'} and {out / 'staleness.png'}", file=sys.stderr)
     return 0
 
 

@@ -70,7 +70,10 @@ def test_simulate_writes_the_staleness_distribution(capsys, tmp_path: Path) -> N
     argv = ["simulate", "--method", "async-sgd", "--workers", "16", "--rounds", "200"]
     argv += ["--step-ms", "10", "--service-ms", "1", "--jitter", "0.2", "--out", str(out)]
     assert main(argv) == 0
-    assert "steps/s" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "async-sgd: 16 workers x 200 rounds in " in said.out and "steps/s" in said.out
+    # both files where they are (the plot was named without its directory)
+    assert f"wrote {out / 'simulate.json'} and {out / 'staleness.png'}" in said.err
     result = json.loads((out / "simulate.json").read_text())
     assert result["updates"] == 16 * 200
     assert result["server_utilisation"] > 0.5  # 16 workers of 10 ms against a 1 ms server
