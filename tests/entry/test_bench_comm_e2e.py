@@ -82,8 +82,9 @@ def test_allreduce_ring_and_native(tmp_path: Path, monkeypatch) -> None:
     assert (out / "comm.png").read_bytes()[:8] == PNG_MAGIC
     assert not list(out.glob("hang-*.txt"))
     table = result.stdout.strip().splitlines()
-    assert table[0].split()[:3] == ["size", "algo", "time_us"] and len(table) == 1 + 22
-    assert table[1].split()[:2] == ["4B", "ring"] and table[-1].split()[-1] == "yes"
+    assert table[0].split()[:3] == ["size", "algo", "time_us"] and len(table) == 1 + 22 + 1
+    assert table[1].split()[:2] == ["4B", "ring"] and table[-2].split()[-1] == "yes"
+    assert table[-1].startswith("vs native: native's time over the algorithm's")
     assert "tether bench: 4B ring (1/11 sizes" in result.stderr  # progress
     # Nothing it started listened outside loopback: the rendezvous store and the workers' store
     # at least (gloo's pairs add their own).

@@ -412,10 +412,14 @@ def test_table() -> None:
     ring = next(line for line in lines if line.startswith("1MB") and " ring " in line).split()
     # 1 MiB at (1e-5 + 2^20 * 1e-9) / 2 s = 529.3 us; algbw = 1.981 GB/s; busbw = x1.5
     assert ring == ["1MB", "ring", "529.3", "1.98", "2.97", "1069", "2.00", "yes"]
+    # which way the ratio goes (only the docs said it)
+    assert (
+        lines[-2] == "vs native: native's time over the algorithm's (above 1: faster than native)"
+    )
     naive = next(line for line in lines if line.startswith("4B") and " naive " in line).split()
     assert naive[-2:] == ["-", "WRONG"] and naive[5] == "-"
     assert lines[-1] == "skipped chain: does not implement all_reduce"
-    assert len(lines) == 1 + 9 + 1
+    assert len(lines) == 1 + 9 + 1 + 1
 
 
 def test_plot_is_written(tmp_path: Path) -> None:

@@ -136,6 +136,7 @@ def format_table(report: dict[str, Any]) -> str:
                 for cell, (_, align, width) in zip(cells, TABLE_COLUMNS, strict=True)
             ).rstrip()
         )
+    lines.append("vs native: native's time over the algorithm's (above 1: faster than native)")
     for algo, reason in report.get("skipped", {}).items():
         lines.append(f"skipped {algo}: {reason}")
     return "\n".join(lines)
