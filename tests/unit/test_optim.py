@@ -154,22 +154,20 @@ def test_a_resume_that_lengthens_the_run_does_not_warm_up_again() -> None:
         warm = NamedSchedule("cosine", ScheduleSettings(warmup_epochs=1.0))
         return opt, warm(opt, total_steps=total, steps_per_epoch=20)
 
-    opt, sched = built(20)
-    for _ in range(20):
-        opt.step()
-        sched.step()
-    longer, resumed = built(100)
-    load_schedule_state(resumed, sched.state_dict())
+    def resumed_rate(saved_at: int) -> float:
+        """The rate of a 100-step run resumed from a 20-step one's schedule at ``saved_at``."""
+        opt, sched = built(20)
+        for _ in range(saved_at):
+            opt.step()
+            sched.step()
+        longer, resumed = built(100)
+        load_schedule_state(resumed, sched.state_dict())
+        return float(longer.param_groups[0]["lr"])
+
     after_warmup = 0.5 * (1 + math.cos(math.pi * 15 / 95))  # 15 steps into a decay of 95
-    assert longer.param_groups[0]["lr"] == pytest.approx(after_warmup)
+    assert resumed_rate(20) == pytest.approx(after_warmup)
     # one that had not finished its warm-up takes this run's (nothing is cut short)
-    opt, sched = built(20)
-    for _ in range(3):
-        opt.step()
-        sched.step()
-    longer, resumed = built(100)
-    load_schedule_state(resumed, sched.state_dict())
-    assert longer.param_groups[0]["lr"] == pytest.approx(4 / 20)
+    assert resumed_rate(3) == pytest.approx(4 / 20)
 
 
 def _warm_poly(opt: torch.optim.Optimizer, total_steps: int) -> Any:
