@@ -82,8 +82,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(
         f"tether: {config.method} on {counted(config.workers, 'worker')}{groups} "
         f"({counted(processes, 'process', 'processes')}), "
-        f"{batch_text(config, set(given))}, {config.model} / {config.dataset}, "
-        f"run directory {config.out}",
+        f"{batch_text(config, set(given))}"
+        f"{communication_text(config, METHODS.get(config.method).settings)}, "
+        f"{config.model} / {config.dataset}, run directory {config.out}",
         file=sys.stderr,
     )
     assert config.out is not None  # config_from_args names a run directory when none is given
@@ -313,6 +314,21 @@ def main(argv: list[str] | None = None) -> int:
         # Python flushes stdout at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def communication_text(config: TrainConfig, used: frozenset[str]) -> str:
+    """The communication settings the run changed from the defaults and its method ``used``,
+    for its first line (they were in config.toml alone): ``, all-reduce ring, fp16 on the
+    wire``."""
+    parts = []
+    if "allreduce" in used and config.allreduce != TrainConfig.allreduce:
+        parts.append(f"all-reduce {config.allreduce}")
+    if "compress" in used and config.compress != TrainConfig.compress:
+        parts.append(f"{config.compress} on the wire")
+    if "bucket_mb" in used and config.bucket_mb != TrainConfig.bucket_mb:
+        size = f"buckets of {config.bucket_mb:g} MiB"
+        parts.append(size if config.bucket_mb else "one message per parameter")
+    return "".join(f", {part}" for part in parts)
 
 
 def _stdout_gone() -> bool:

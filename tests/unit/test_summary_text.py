@@ -86,3 +86,19 @@ def test_torchrun_says_when_a_nodes_processes_outnumber_its_cores(tmp_path: Path
             worker_config(args, env)
         oversubscribed = [w for w in heard if issubclass(w.category, OversubscribedWarning)]
         assert bool(oversubscribed) is said, [str(w.message) for w in heard]
+
+
+def test_the_first_line_names_the_communication_settings_changed() -> None:
+    # a run said nothing of --allreduce ring, --compress fp16 or --bucket-mb 0 (config.toml did)
+    from tether.cli import communication_text
+    from tether.config import TrainConfig
+    from tether.methods import METHODS
+
+    sync_sgd = METHODS.get("sync-sgd").settings
+    changed = TrainConfig(method="sync-sgd", allreduce="ring", compress="fp16", bucket_mb=0.0)
+    said = communication_text(changed, sync_sgd)
+    assert said == ", all-reduce ring, fp16 on the wire, one message per parameter"
+    assert communication_text(TrainConfig(method="sync-sgd"), sync_sgd) == ""
+    # a setting the method does not use is warned of elsewhere, not named here
+    async_sgd = METHODS.get("async-sgd").settings
+    assert communication_text(TrainConfig(method="async-sgd", compress="fp16"), async_sgd) == ""
