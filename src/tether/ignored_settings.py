@@ -129,6 +129,12 @@ def ignored_settings(
             )
         elif key.startswith("loss_scale") and config.precision != "fp16":
             messages.append(f"{key} applies to {spell('precision', 'fp16')} only")
+        elif key == "ranks_per_node" and not _uses_nodes(config):
+            messages.append(
+                f"ranks_per_node has no effect on {config.method} with {spell('allreduce', config.allreduce)}: "
+                f"it sizes the nodes of {spell('allreduce', 'hierarchical')} (or auto), "
+                "two-level-easgd and lr_batch node"
+            )
         elif key == "loader_workers" and config.dataset in DATASETS:
             messages.append(
                 f"loader_workers has no effect on {config.dataset}: a built-in data set is "
@@ -228,3 +234,15 @@ def _run_length(config: TrainConfig, samples: int) -> tuple[int, int] | None:
     except TetherError:
         return None
     return (config.steps or config.epochs * per_epoch), per_epoch
+
+
+def _uses_nodes(config: TrainConfig) -> bool:
+    """Whether the run has nodes for ``ranks_per_node`` to size: two-level-easgd's, the
+    hierarchical all-reduce's (auto's calibration's), a rate scaled with the node's batch, the
+    model groups that share a node."""
+    return (
+        config.method == "two-level-easgd"
+        or config.allreduce in ("hierarchical", "auto")
+        or config.lr_batch == "node"
+        or config.model_parallel > 1
+    )

@@ -180,6 +180,14 @@ def test_rate_scaling_and_loss_scale_settings_that_do_nothing_are_named() -> Non
     assert ignored_settings(TrainConfig(precision="fp16", loss_scale=1024.0), {"loss_scale"}) == []
     used = catalog_resolve(None, {"method": "sync-sgd", "lr_scaling": "sqrt"})
     assert ignored_settings(used, {"lr_scaling"}) == []  # the method's base batch: used
+    # no nodes to size: sync-sgd's ring all-reduce is flat
+    flat = catalog_resolve(None, {"method": "sync-sgd", "allreduce": "ring", "ranks_per_node": 1})
+    (said,) = ignored_settings(flat, {"allreduce", "ranks_per_node"})
+    assert said.startswith("ranks_per_node has no effect on sync-sgd with allreduce='ring'")
+    nodes = catalog_resolve(
+        None, {"method": "sync-sgd", "allreduce": "hierarchical", "ranks_per_node": 1}
+    )
+    assert ignored_settings(nodes, {"allreduce", "ranks_per_node"}) == []
     # a built-in data set is in-memory tensors, which no DataLoader reads
     (said,) = ignored_settings(TrainConfig(loader_workers=2), {"loader_workers"})
     assert said.startswith("loader_workers has no effect on fashion-mnist")
