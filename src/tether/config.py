@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 
 import tomli_w
 
-from tether.errors import SettingError, TetherError
+from tether.errors import SettingError, TetherError, one_of
 from tether.targets import Target, parse_target
 
 MAX_COUNT = 2**40  # steps, epochs, batch sizes...: more than any run does (message headers' bound)
@@ -339,7 +339,7 @@ def _validate(config: TrainConfig) -> None:
     _require(config.lars_eta > 0, f"lars_eta must be > 0, got {config.lars_eta}")
     for name, choices in _CHOICES.items():
         value = getattr(config, name)
-        _require(value in choices, f"{name} must be {_one_of(choices)}, got {value!r}")
+        _require(value in choices, f"{name} must be {one_of(choices)}, got {value!r}")
     _require(config.lr_decay_every >= 0, "lr_decay_every must be >= 0")
     _require(0 < config.lr_decay <= 1, f"lr_decay must be in (0, 1], got {config.lr_decay}")
     _require(
@@ -381,12 +381,6 @@ _CHOICES: dict[str, Iterable[str]] = {
     "lr_batch": LR_BATCHES,
     "trust_exclude": TRUST_EXCLUDES,
 }
-
-
-def _one_of(names: Iterable[str]) -> str:
-    """``"a, b or c"``."""
-    *rest, last = names
-    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 def _require(ok: bool, message: str) -> None:

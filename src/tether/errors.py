@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 class TetherError(Exception):
@@ -29,8 +29,7 @@ class SettingError(TetherError):
 
     def _with_options(self, said: Mapping[str, str]) -> str:
         names = [said.get(key, key) for key in self.options]
-        either = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
-        return self.template.replace("{options}", either)
+        return self.template.replace("{options}", one_of(names) if names else "")
 
     def with_value(self, value: object) -> SettingError:
         """The refusal with the value refused (``, got -1``), where its rule does not say it:
@@ -50,6 +49,12 @@ class SettingError(TetherError):
         for key, words in said.items():
             text = re.sub(rf"^{key}(?= )|(?<![\w-]){key}(?= \([-\d])", words, text)
         return TetherError(text)
+
+
+def one_of(names: Iterable[str]) -> str:
+    """``"a, b or c"``: the choices a refusal names."""
+    *rest, last = names
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 def first_line(exc: BaseException) -> str:
