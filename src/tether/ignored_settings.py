@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from tether.config import TrainConfig
 from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
 from tether.data.registry import DATASETS
-from tether.errors import TetherError
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
 from tether.optim.schedules import warmup_length
 from tether.spelling import Spell, as_keyword
-from tether.training.build import steps_per_epoch, uses_momentum
+from tether.training.build import known_run_length, uses_momentum
 
 # the settings of scaling the rate with the batch, which only a base batch turns on
 _SCALING_KEYS = ("lr_scaling", "lr_scale_max", "lr_batch")
@@ -173,7 +172,7 @@ def long_warmup(
     epochs is cut to a quarter of the run (:func:`~tether.optim.schedules.warmup_length`)."""
     if not config.warmup_steps or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
         return None
-    length = _run_length(config, samples)
+    length = known_run_length(config, samples)
     if length is None:
         return None
     total, per_epoch = length
@@ -196,7 +195,7 @@ def cut_warmup(
     own = config.warmup_epochs != METHODS.get(config.method).defaults.get("warmup_epochs", 0.0)
     if not own or "lr_schedule" in supplied or is_import_path(config.lr_schedule):
         return None
-    length = _run_length(config, samples)
+    length = known_run_length(config, samples)
     if length is None:
         return None
     total, per_epoch = length
@@ -224,16 +223,6 @@ def warn_long_warmup(
     ):
         if message:
             warnings.warn(message, LongWarmupWarning, stacklevel=stacklevel + 1)
-
-
-def _run_length(config: TrainConfig, samples: int) -> tuple[int, int] | None:
-    """(total steps, steps per epoch), or None where there is no step to take (refused
-    elsewhere, in its own words)."""
-    try:
-        per_epoch = steps_per_epoch(config, samples, config.data_workers)
-    except TetherError:
-        return None
-    return (config.steps or config.epochs * per_epoch), per_epoch
 
 
 def _uses_nodes(config: TrainConfig) -> bool:

@@ -34,15 +34,25 @@ def steps_per_epoch(config: TrainConfig, samples: int, workers: int) -> int:
     return steps
 
 
-def run_length(config: TrainConfig | None, samples: int) -> tuple[int, int]:
-    """(total steps, steps per epoch) of the run, as its workers count them; (1, 1) unknown."""
-    if config is None:
-        return 1, 1
+def planned_steps(config: TrainConfig, per_epoch: int) -> int:
+    """The run's length in optimizer steps: ``steps`` where set, else its epochs'."""
+    return config.steps if config.steps is not None else config.epochs * per_epoch
+
+
+def known_run_length(config: TrainConfig, samples: int) -> tuple[int, int] | None:
+    """(total steps, steps per epoch) of the run, as its workers count them; None where there
+    is no step to take (too little data: said elsewhere, in its own words)."""
     try:
         per_epoch = steps_per_epoch(config, samples, config.data_workers)
     except TetherError:
-        return 1, 1  # too little data for a step: said elsewhere, in its own words
-    return (config.steps or config.epochs * per_epoch), per_epoch
+        return None
+    return planned_steps(config, per_epoch), per_epoch
+
+
+def run_length(config: TrainConfig | None, samples: int) -> tuple[int, int]:
+    """:func:`known_run_length`, or (1, 1) where unknown (no config, no step to take)."""
+    length = known_run_length(config, samples) if config is not None else None
+    return length if length is not None else (1, 1)
 
 
 def build_method(

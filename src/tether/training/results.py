@@ -15,7 +15,7 @@ from tether.methods import Role, TrainingMethod
 from tether.observe.files import atomic_write, atomic_write_json
 from tether.observe.metrics import PhaseTotals
 from tether.optim.schedules import schedule_name
-from tether.training.build import initial_lr, run_settings
+from tether.training.build import initial_lr, planned_steps, run_settings
 from tether.training.run_record import RunRecord
 from tether.training.task import Task
 
@@ -50,9 +50,7 @@ def run_summary(
         "epochs": last_step / steps_per_epoch,  # completed, fractional
         "steps": last_step,
         # the run's length as set (a run that lost workers, or stopped at its target, is short)
-        "planned_steps": config.steps
-        if config.steps is not None
-        else config.epochs * steps_per_epoch,
+        "planned_steps": planned_steps(config, steps_per_epoch),
         "batch_size": config.batch_size,
         "accumulate": config.accumulate,
         "global_batch_size": config.batch_size * data_workers * config.accumulate,

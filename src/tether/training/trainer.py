@@ -44,7 +44,7 @@ from tether.observe.timeline import (
 )
 from tether.parallel import full_state_dict
 from tether.training.batches import TrainBatches, batch_size_of
-from tether.training.build import build_method, computing_workers, steps_per_epoch
+from tether.training.build import build_method, computing_workers, planned_steps, steps_per_epoch
 from tether.training.checkpoint import load_checkpoint
 from tether.training.evaluation import eval_interval
 from tether.training.faults import maybe_inject_fault, send_fault
@@ -94,7 +94,7 @@ class Trainer:
         samples = len(task.train_data)  # type: ignore[arg-type]
         self.sampler = GlobalBatchSampler(samples, config.batch_size * self.workers, config.seed)
         spe = self.steps_per_epoch = steps_per_epoch(config, samples, self.workers)
-        self.total_steps = config.steps if config.steps is not None else config.epochs * spe
+        self.total_steps = planned_steps(config, spe)
         self.method: TrainingMethod = build_method(
             config,
             task,
