@@ -13,7 +13,7 @@ from tether.config_sources import OWN_OPTIMIZER_KEYS, OWN_SCHEDULE_KEYS
 from tether.data.registry import DATASETS
 from tether.imports import is_import_path
 from tether.methods import METHOD_SETTINGS, METHODS
-from tether.optim.schedules import warmup_length
+from tether.optim.schedules import epoch_warmup, warmup_length
 from tether.spelling import Spell, as_keyword
 from tether.training.build import known_run_length, uses_momentum
 
@@ -199,12 +199,12 @@ def cut_warmup(
     if length is None:
         return None
     total, per_epoch = length
-    asked = round(config.warmup_epochs * per_epoch)
-    if asked <= total // 4:
+    asked, taken = epoch_warmup(config.warmup_epochs, total, per_epoch)
+    if asked <= taken:
         return None
     return (
         f"{spell('warmup_epochs', config.warmup_epochs)} ({asked} steps) is cut to a quarter of "
-        f"the run ({total // 4} of {total} steps); give it in {spell('warmup_steps')} to take "
+        f"the run ({taken} of {total} steps); give it in {spell('warmup_steps')} to take "
         "it as it is"
     )
 

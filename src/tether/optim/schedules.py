@@ -131,10 +131,16 @@ def build_schedule(
 
 
 def warmup_length(steps: int, epochs: float, total_steps: int, steps_per_epoch: int) -> int:
-    """The warm-up in optimizer steps: ``steps``, plus ``epochs`` converted, which (the methods'
-    default half epoch) takes at most a quarter of the run, so that a short run (--steps 30)
-    still trains; one in steps is taken as it is."""
-    return steps + min(round(epochs * steps_per_epoch), total_steps // 4)
+    """The warm-up in optimizer steps: ``steps``, plus ``epochs`` converted (as cut: see
+    :func:`epoch_warmup`); one in steps is taken as it is."""
+    return steps + epoch_warmup(epochs, total_steps, steps_per_epoch)[1]
+
+
+def epoch_warmup(epochs: float, total_steps: int, steps_per_epoch: int) -> tuple[int, int]:
+    """A warm-up given in epochs, in steps: as asked, and as taken, at most a quarter of the
+    run (the methods' default half epoch), so that a short run (--steps 30) still trains."""
+    asked = round(epochs * steps_per_epoch)
+    return asked, min(asked, total_steps // 4)
 
 
 def schedule_name(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> str | None:
