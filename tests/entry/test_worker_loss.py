@@ -140,13 +140,29 @@ def test_run_that_lost_every_worker_fails(tmp_path: Path) -> None:
 
 # -- the supervisor on its own: tiny child programs, no torch ------------------------------------
 def _supervise(
-    tmp_path: Path, rank: int, code: str, lost: bool = True
+    tmp_path: Path, rank: int, code: str, lost: bool = True, marks: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    """The supervisor running ``code`` as rank ``rank``'s child, with ``tmp_path/lost`` (a run
+    that tolerates a lost worker) and ``tmp_path/marks`` where asked."""
     env = {**os.environ, "RANK": str(rank), "TORCHELASTIC_ERROR_FILE": str(tmp_path / "err.json")}
     cmd = [sys.executable, "-m", "tether.launch.supervise"]
     cmd += ["--lost-dir", str(tmp_path / "lost")] if lost else []
+    cmd += ["--marks-dir", str(tmp_path / "marks")] if marks else []
     cmd += ["--", sys.executable, "-c", code]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+
+
+def _started(supervisor_options: list[str], code: str, started: Path) -> subprocess.Popen[bytes]:
+    """The supervisor (rank 1) running ``code``, once its child has touched ``started``."""
+    cmd = [sys.executable, "-m", "tether.launch.supervise", *supervisor_options]
+    proc = subprocess.Popen(
+        [*cmd, "--", sys.executable, "-c", code], env={**os.environ, "RANK": "1"}
+    )
+    for _ in range(200):
+        if started.exists():
+            break
+        time.sleep(0.05)
+    return proc
 
 
 JOIN = "import os, pathlib; pathlib.Path(os.environ['TETHER_JOINED_MARK']).touch(); "
@@ -200,16 +216,10 @@ def test_a_stopped_server_whose_workers_are_all_lost_fails_the_run(tmp_path: Pat
 
 
 def test_supervisor_forwards_sigterm_and_records_no_loss(tmp_path: Path) -> None:
-    env = {**os.environ, "RANK": "1"}
     marker = tmp_path / "started"
     code = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"
-    cmd = [sys.executable, "-m", "tether.launch.supervise", "--lost-dir", str(tmp_path / "lost")]
-    proc = subprocess.Popen([*cmd, "--", sys.executable, "-c", code], env=env)
+    proc = _started(["--lost-dir", str(tmp_path / "lost")], code, marker)
     try:
-        for _ in range(200):
-            if marker.exists():
-                break
-            time.sleep(0.05)
         assert marker.exists()
         proc.send_signal(signal.SIGTERM)
         # The child died of the forwarded SIGTERM, and so does the supervisor: a stop, not a loss.
@@ -304,21 +314,10 @@ def test_a_sigterm_from_outside_is_marked_as_the_cause(tmp_path: Path) -> None:
 LEAVE = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).write_text(str(os.getpid())); "
 
 
-def _supervise_leaving(tmp_path: Path, code: str, lost: bool) -> subprocess.CompletedProcess[str]:
-    marks = tmp_path / "marks"
-    cmd = [sys.executable, "-m", "tether.launch.supervise", "--marks-dir", str(marks)]
-    cmd += ["--lost-dir", str(tmp_path / "lost")] if lost else []
-    env = {**os.environ, "RANK": "1", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "err.json")}
-    return subprocess.run(
-        [*cmd, "--", sys.executable, "-c", code], env=env, capture_output=True, text=True,
-        timeout=30,
-    )  # fmt: skip
-
-
 def test_a_worker_that_exits_0_before_finish_is_named_as_the_cause(tmp_path: Path) -> None:
     # A synchronous run's rank that ended with status 0 mid-run was a success to the launcher;
     # its peers' "connection closed by peer" was reported as the run's cause.
-    proc = _supervise_leaving(tmp_path, LEAVE + "exit(0)", lost=False)
+    proc = _supervise(tmp_path, 1, LEAVE + "exit(0)", lost=False, marks=True)
     assert proc.returncode == 0  # its peers may not need it (a ctx.finish() forgotten at the end)
     cause = (tmp_path / "marks" / "cause-rank-1").read_text()
     assert cause == "left the run early: its script ended (exit status 0) without ctx.finish()"
@@ -327,7 +326,7 @@ def test_a_worker_that_exits_0_before_finish_is_named_as_the_cause(tmp_path: Pat
 def test_a_worker_that_exits_0_before_finish_is_lost_to_an_asynchronous_run(
     tmp_path: Path,
 ) -> None:
-    proc = _supervise_leaving(tmp_path, JOIN + LEAVE + "exit(0)", lost=True)
+    proc = _supervise(tmp_path, 1, JOIN + LEAVE + "exit(0)", lost=True, marks=True)
     assert proc.returncode == 0
     record = json.loads((tmp_path / "lost" / "rank-1.json").read_text())
     assert record["reason"].startswith("left the run early") and record["returncode"] == 0
@@ -338,11 +337,8 @@ def test_a_process_the_worker_started_does_not_speak_for_it(tmp_path: Path) -> N
     # it inherits TETHER_LEFT_MARK: a script it runs that leaves its own run without
     # ctx.finish() marked its healthy parent as gone
     child = "import os, pathlib; pathlib.Path(os.environ['TETHER_LEFT_MARK']).write_text('1')"
-    proc = _supervise_leaving(
-        tmp_path,
-        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])",
-        lost=False,
-    )
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = _supervise(tmp_path, 1, code, lost=False, marks=True)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "marks" / "cause-rank-1").exists()
 
@@ -350,7 +346,7 @@ def test_a_process_the_worker_started_does_not_speak_for_it(tmp_path: Path) -> N
 @pytest.mark.parametrize("lost", [False, True])
 def test_a_worker_that_finished_is_not_said_to_have_left(tmp_path: Path, lost: bool) -> None:
     joined = JOIN if lost else ""  # a synchronous run's supervisor names no joined mark
-    proc = _supervise_leaving(tmp_path, joined + "exit(0)", lost)
+    proc = _supervise(tmp_path, 1, joined + "exit(0)", lost, marks=True)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "marks" / "cause-rank-1").exists()
     assert not list((tmp_path / "lost").glob("rank-*.json"))
@@ -359,7 +355,6 @@ def test_a_worker_that_finished_is_not_said_to_have_left(tmp_path: Path, lost: b
 
 def test_a_worker_that_leaves_on_the_launchers_stop_did_not_leave_early(tmp_path: Path) -> None:
     # A script may save and exit 0 on the SIGTERM of a stopped run, without ctx.finish().
-    env = {**os.environ, "RANK": "1"}
     started = tmp_path / "started"
     code = (
         "import os, pathlib, signal, sys, time\n"
@@ -370,13 +365,8 @@ def test_a_worker_that_leaves_on_the_launchers_stop_did_not_leave_early(tmp_path
         f"pathlib.Path({str(started)!r}).touch()\n"
         "time.sleep(60)\n"
     )
-    cmd = [sys.executable, "-m", "tether.launch.supervise", "--marks-dir", str(tmp_path)]
-    proc = subprocess.Popen([*cmd, "--", sys.executable, "-c", code], env=env)
+    proc = _started(["--marks-dir", str(tmp_path)], code, started)
     try:
-        for _ in range(200):
-            if started.exists():
-                break
-            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
